@@ -1,0 +1,19 @@
+"""hf-spec: exact speculative decoding for Hugging Face transformers.
+
+Public names only; see the user guide in ``docs/``.
+"""
+
+from .acceptance import greedy_accept, speculative_sample
+from .assisted import enable_drafters
+from .drafters import Drafter, DraftModelDrafter, NgramDrafter, VocabularyMismatchError
+from .events import StepEvent
+from .loop import SpeculativeOutput, generate, speculative_decode
+from .metrics import SpecStats
+from .models import ModelChecksumError, UnknownModelError, load, provision
+
+__all__ = [
+    "Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatchError",
+    "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
+    "enable_drafters", "StepEvent", "SpecStats", "load", "provision", "ModelChecksumError", "UnknownModelError",
+]
+__version__ = "0.1.0"

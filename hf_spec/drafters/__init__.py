@@ -1,0 +1,7 @@
+"""Drafters: one file each, all ``transformers`` ``CandidateGenerator`` subclasses."""
+
+from .base import Drafter
+from .draft_model import DraftModelDrafter, VocabularyMismatchError
+from .ngram import NgramDrafter
+
+__all__ = ["Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatchError"]

@@ -1,0 +1,48 @@
+"""Events that the decoding loop emits, once per target forward.
+
+Every consumer (statistics, streaming, the demo, the benchmark) reads these and nothing else, so the
+numbers they show agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["StepEvent", "EventListener"]
+
+
+@dataclass
+class StepEvent:
+    """What one target forward did, for each batch row.
+
+    Attributes:
+        step: 0 for the prefill forward, then 1, 2, ...
+        num_speculative_tokens: the k asked of the drafter for this step (0 for the prefill).
+        drafted: per row, the drafted token ids that were verified (may be shorter than k, or empty).
+        num_accepted: per row, how many drafted tokens were accepted and emitted; always
+            ``len(emitted) - 1`` or less (when a stop ends the row inside the accepted run, the last kept
+            token counts as the target's own token of this forward, which chose it too).
+        emitted: per row, every token appended to the sequence in this step: the accepted drafted tokens,
+            then the target's own token (the correction, or the bonus token when the whole draft was
+            accepted); shorter when EOS, ``max_new_tokens`` or a stopping criterion ended the row inside it.
+        draft_time_s: wall time spent drafting, in seconds.
+        verify_time_s: wall time of the target forward and the acceptance rule, in seconds.
+        time_s: seconds since the start of the generate call, at the end of this step.
+        finished: per row, whether the row is done after this step.
+        policy: optional decision record (from the adaptive policy), e.g. ``{"k": 3, "reason": "..."}``.
+    """
+
+    step: int
+    num_speculative_tokens: int
+    drafted: list[list[int]]
+    num_accepted: list[int]
+    emitted: list[list[int]]
+    draft_time_s: float
+    verify_time_s: float
+    time_s: float
+    finished: list[bool]
+    policy: dict | None = field(default=None)
+
+
+EventListener = Callable[[StepEvent], None]

