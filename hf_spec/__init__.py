@@ -9,6 +9,7 @@ from .drafters import Drafter, DraftModelDrafter, NgramDrafter, VocabularyMismat
 from .events import StepEvent
 from .loop import SpeculativeOutput, generate, speculative_decode
 from .metrics import SpecStats
+from . import prompts
 from .models import ModelChecksumError, UnknownModelError, load, provision
 
 __all__ = [

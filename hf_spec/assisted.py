@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+from transformers import StoppingCriteriaList, StopStringCriteria
+
 from .drafters.base import Drafter
 from .loop import generate as spec_generate
 
@@ -27,8 +29,8 @@ def enable_drafters(model):
         out = model.generate(**inputs, assistant_model=hf_spec.NgramDrafter(5), max_new_tokens=64)
 
     With a drafter, the call returns :class:`hf_spec.loop.SpeculativeOutput` (``.sequences``, ``.stats``)
-    when ``return_dict_in_generate=True``, else the sequences tensor, as ``generate`` does. A
-    ``streamer=`` is forwarded to hf-spec's loop. Idempotent.
+    when ``return_dict_in_generate=True``, else the sequences tensor, as ``generate`` does. ``streamer=``
+    and ``stop_strings=`` (with ``tokenizer=``) work as in ``generate``. Idempotent.
     """
     if getattr(model.generate, "_hf_spec_enabled", False):
         return model
@@ -44,6 +46,15 @@ def enable_drafters(model):
         if return_dict is None:
             return_dict = bool(getattr(model.generation_config, "return_dict_in_generate", False))
         streamer = kwargs.pop("streamer", None)
+        stop_strings = kwargs.pop("stop_strings", None)
+        if stop_strings:
+            # transformers 5 drops `tokenizer=` before custom_generate's stopping criteria are built
+            tokenizer = kwargs.get("tokenizer")
+            if tokenizer is None:
+                raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate")
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            criteria.append(StopStringCriteria(tokenizer, stop_strings))
+            kwargs["stopping_criteria"] = criteria
         out = original(*args, custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
         return out if return_dict else out.sequences
 

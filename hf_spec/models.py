@@ -297,3 +297,33 @@ def load(name: str, dtype=None, device_map=None, **kwargs):
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tokenizer
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16), read from /proc/cpuinfo."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="ignore")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str | None = "auto"):
+    """The compute dtype for ``name``; ``"auto"`` picks the fastest that is sound here.
+
+    ``auto``: bfloat16 on a CUDA GPU that supports it (else float16); on a CPU, bfloat16 when the CPU has
+    native bfloat16 instructions (there it runs ~2.5x faster than float32 and verification is nearly flat),
+    else float32 (on AVX2-only CPUs bfloat16 is emulated: prefill is ~4x slower than float32).
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    import torch
+
+    if name in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return getattr(torch, name)

@@ -1,0 +1,75 @@
+"""Offline model provisioning: known names, pass-through, idempotence, and a checksum mismatch that
+leaves nothing half-written in the cache."""
+
+import dataclasses
+import os
+import time
+
+import pytest
+
+import hf_spec
+from hf_spec import models
+
+
+def test_resolve_names():
+    assert models.resolve_name("SmolLM2-135M-Instruct") == "smollm2-135m"
+    assert models.resolve_name("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "qwen2.5-coder-1.5b"
+    assert models.resolve_name("gpt2") is None
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(hf_spec.UnknownModelError, match="unknown model 'no-such-model'.*smollm2-135m"):
+        hf_spec.load("no-such-model")
+    with pytest.raises(hf_spec.UnknownModelError, match="known"):
+        hf_spec.provision("no-such-model")
+
+
+def test_provision_is_idempotent_and_fast_the_second_time(smol):
+    first = hf_spec.provision("smollm2-135m")
+    t = time.perf_counter()
+    second = hf_spec.provision("smollm2-135m")
+    assert first == second and (second / ".complete").is_file()
+    assert time.perf_counter() - t < 1.0
+    # a local path goes to from_pretrained unchanged
+    model, tok = hf_spec.load(str(first))
+    assert model.config.vocab_size == smol[0].config.vocab_size
+
+
+def test_checksum_mismatch_leaves_no_cache_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    real = models.MODELS["smollm2-135m"]
+    bad = dataclasses.replace(real, sha256="0" * 64)
+    monkeypatch.setitem(models.MODELS, "smollm2-135m", bad)
+    with pytest.raises(hf_spec.ModelChecksumError, match="expected 0000"):
+        hf_spec.provision("smollm2-135m")
+    leftovers = list((tmp_path / "models").iterdir()) if (tmp_path / "models").exists() else []
+    assert leftovers == []
+
+
+def test_multi_part_assembly_checks_checksum(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"hello ")
+    b.write_bytes(b"world")
+    import hashlib
+
+    good = hashlib.sha256(b"hello world").hexdigest()
+    models._assemble([a, b], tmp_path / "out.gguf", good)
+    assert (tmp_path / "out.gguf").read_bytes() == b"hello world"
+    with pytest.raises(hf_spec.ModelChecksumError):
+        models._assemble([b, a], tmp_path / "out2.gguf", good)
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path / "c"))
+    assert models.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("HF_SPEC_CACHE")
+    assert models.cache_dir() == os.path.expanduser("~/.cache/hf_spec") or str(models.cache_dir()).endswith("hf_spec")
+
+
+def test_resolve_dtype():
+    import torch
+
+    assert models.resolve_dtype("float32") is torch.float32
+    assert models.resolve_dtype("auto") in (torch.float32, torch.bfloat16, torch.float16)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        models.resolve_dtype("int3")
