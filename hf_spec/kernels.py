@@ -22,10 +22,11 @@ import threading
 import torch
 import torch.nn.functional as F
 
-__all__ = ["verify_linear", "install_verify_linear"]
+__all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill"]
 
 _STATE = threading.local()
 _MIN_ROWS, _MAX_ROWS = 2, 16
+_UPCAST_MIN_ROWS = 48
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -66,3 +67,31 @@ def verify_linear(enabled: bool = True):
         yield
     finally:
         _STATE.active = previous
+
+
+def _upcast_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows >= _UPCAST_MIN_ROWS and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        bias = None if module.bias is None else module.bias.float()
+        return F.linear(x.float(), module.weight.float(), bias).to(x.dtype)
+    return F.linear(x, module.weight, module.bias)
+
+
+def install_upcast_prefill(model: torch.nn.Module) -> int:
+    """For a *draft* model in bfloat16/float16 on a CPU without native bfloat16: compute linear layers over
+    48 rows or more (the prompt prefill) in float32. Emulated bfloat16 GEMMs are ~3x slower than upcasting
+    the weights and using float32 ones there; one-row decode steps stay in bfloat16, which halves the bytes
+    read per drafted token. Never used on targets (it changes their rounding); a draft's rounding does not
+    affect exactness, which verification guarantees. Idempotent.
+
+    Returns:
+        The number of modules routed.
+    """
+    count = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):
+            if not getattr(module, "_hf_spec_upcast_prefill", False):
+                module.forward = _upcast_forward.__get__(module)
+                module._hf_spec_upcast_prefill = True
+            count += 1
+    return count

@@ -25,6 +25,7 @@ from transformers.utils import ModelOutput
 from .acceptance import greedy_accept, speculative_sample
 from .drafters.base import Drafter, check_num_speculative_tokens, crop_cache_to
 from .events import EventListener, StepEvent
+from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode"]
@@ -160,6 +161,8 @@ def speculative_decode(
         drafter.prepare(model, input_ids, generation_config, logits_processor)
     cache = cache if cache is not None else DynamicCache(config=model.config)
     device = model.device
+    if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
+        install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
     input_ids = input_ids.to(device)
 
     def emit(event: StepEvent) -> None:
@@ -211,7 +214,8 @@ def speculative_decode(
         k = drafts.shape[1]
         t_verify = time.perf_counter()
         # ---- verify k+1 positions in one target forward ---------------------------------------
-        out = model(input_ids=candidates[:, length - 1:], cache=cache, use_cache=True, logits_to_keep=k + 1)
+        with verify_linear(k > 0):
+            out = model(input_ids=candidates[:, length - 1:], cache=cache, use_cache=True, logits_to_keep=k + 1)
         target_scores = score(candidates, out.logits[:, -(k + 1):].float(), length)
         if do_sample:
             q = draft_scores.to(device).float().softmax(dim=-1) if draft_scores is not None else None

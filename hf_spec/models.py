@@ -22,6 +22,7 @@ Environment:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -299,6 +300,7 @@ def load(name: str, dtype=None, device_map=None, **kwargs):
     return model, tokenizer
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16), read from /proc/cpuinfo."""
     try:

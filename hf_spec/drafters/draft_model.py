@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from ..kernels import install_upcast_prefill
+from ..models import cpu_has_native_bf16
 from .base import Drafter, crop_cache_to
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
@@ -64,6 +66,9 @@ class DraftModelDrafter(Drafter):
                 f"draft {self.draft_model.name_or_path or type(self.draft_model).__name__} has {d_vocab}; "
                 "use a draft model trained with the target's tokenizer (e.g. a smaller model of the same family)"
             )
+        if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
+                and not cpu_has_native_bf16()):
+            install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
         self._cache = DynamicCache(config=self.draft_model.config)
         self._cached_ids = input_ids[:, :0]
 

@@ -1,0 +1,66 @@
+"""The verify-friendly linear layer: same product (float32 rounding only), active only where intended."""
+
+import torch
+
+from hf_spec.kernels import install_upcast_prefill, install_verify_linear, verify_linear
+
+from .conftest import tiny_llama
+
+
+def test_verify_linear_matches_f_linear_and_is_gated():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    ref = {m: lin(torch.ones(m, 64)) for m in (1, 3, 16, 40)}
+    assert install_verify_linear(torch.nn.Sequential(lin)) == 1
+    calls = []
+    orig_mm = torch.mm
+
+    def spy(*a):
+        calls.append(a[0].shape)
+        return orig_mm(*a)
+
+    torch.mm = spy
+    try:
+        x = torch.randn(3, 64)
+        outside = lin(x)
+        assert calls == []  # outside the block: exactly F.linear
+        with verify_linear():
+            inside = lin(x)
+            lin(torch.randn(40, 64))  # more than 16 rows: F.linear
+            lin(torch.randn(1, 64))   # one row: F.linear
+        assert len(calls) == 1
+    finally:
+        torch.mm = orig_mm
+    torch.testing.assert_close(inside, outside, rtol=1e-5, atol=1e-5)
+    assert torch.equal(lin(torch.ones(40, 64)), ref[40])
+
+
+def test_subclasses_of_linear_are_left_alone():
+    class QuantLinear(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), QuantLinear(4, 4))
+    assert install_verify_linear(model) == 1
+    assert "forward" not in vars(model[1])
+
+
+def test_model_outputs_agree_inside_and_outside():
+    model = tiny_llama(seed=2)
+    ids = torch.tensor([[0, 3, 4, 5, 6]])
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        install_verify_linear(model)
+        with verify_linear():
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_upcast_prefill_only_for_many_rows():
+    lin = torch.nn.Linear(32, 8).to(torch.bfloat16)
+    x_small, x_big = torch.randn(4, 32).to(torch.bfloat16), torch.randn(64, 32).to(torch.bfloat16)
+    ref_small = lin(x_small)
+    install_upcast_prefill(torch.nn.Sequential(lin))
+    assert torch.equal(lin(x_small), ref_small)
+    exact = torch.nn.functional.linear(x_big.float(), lin.weight.float(), lin.bias.float())
+    torch.testing.assert_close(lin(x_big).float(), exact, rtol=1e-2, atol=1e-2)
+    assert lin(x_big).dtype == torch.bfloat16
