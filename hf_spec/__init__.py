@@ -9,12 +9,13 @@ from .drafters import Drafter, DraftModelDrafter, NgramDrafter, VocabularyMismat
 from .events import StepEvent
 from .loop import SpeculativeOutput, generate, speculative_decode
 from .metrics import SpecStats
+from .tuning import best_k, expected_speedup
 from . import prompts
 from .models import ModelChecksumError, UnknownModelError, load, provision
 
 __all__ = [
     "Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "StepEvent", "SpecStats", "load", "provision", "ModelChecksumError", "UnknownModelError",
+    "enable_drafters", "StepEvent", "SpecStats", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
 ]
 __version__ = "0.1.0"
