@@ -127,6 +127,10 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
             f"unsupported cache {type(cache).__name__}: speculative decoding rolls the cache back after each "
             "rejection; use the default DynamicCache (drop cache_implementation / the cache argument)"
         )
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError(
+            "continuing from a filled cache is not supported: pass the whole sequence as input_ids and no cache"
+        )
 
 
 @torch.no_grad()

@@ -151,6 +151,12 @@ def test_batch_beam_and_other_modes_refused(tiny):
         _gen(target, draft)  # a model is not a drafter: wrap it in DraftModelDrafter
     with pytest.raises(ValueError, match="unsupported cache"):
         _gen(target, hf_spec.NgramDrafter(2), cache_implementation="static")
+    from transformers import DynamicCache
+
+    filled = DynamicCache(config=target.config)
+    target(input_ids=PROMPT[:, :3], cache=filled)
+    with pytest.raises(ValueError, match="filled cache"):
+        _gen(target, hf_spec.NgramDrafter(2), cache=filled)
 
 
 def test_empty_prompt_refused(tiny):
