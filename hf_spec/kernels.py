@@ -48,12 +48,17 @@ def install_verify_linear(model: torch.nn.Module) -> int:
     Returns:
         The number of modules routed.
     """
+    return _route(model, _forward)
+
+
+def _route(model: torch.nn.Module, forward) -> int:
+    """Point every plain ``nn.Linear`` of ``model`` (no subclass, no accelerate hook) at ``forward``."""
     count = 0
     for module in model.modules():
         if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):
-            if not getattr(module, "_hf_spec_verify_linear", False):
-                module.forward = _forward.__get__(module)
-                module._hf_spec_verify_linear = True
+            if getattr(module, "_hf_spec_forward", None) is not forward:
+                module.forward = forward.__get__(module)
+                module._hf_spec_forward = forward
             count += 1
     return count
 
@@ -87,11 +92,4 @@ def install_upcast_prefill(model: torch.nn.Module) -> int:
     Returns:
         The number of modules routed.
     """
-    count = 0
-    for module in model.modules():
-        if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):
-            if not getattr(module, "_hf_spec_upcast_prefill", False):
-                module.forward = _upcast_forward.__get__(module)
-                module._hf_spec_upcast_prefill = True
-            count += 1
-    return count
+    return _route(model, _upcast_forward)
