@@ -26,6 +26,9 @@ __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill"]
 
 _STATE = threading.local()
 _MIN_ROWS, _MAX_ROWS = 2, 16
+#: only weights of at least this many elements are routed: smaller ones stay in the CPU caches, where
+#: F.linear is as fast or faster (measured on SmolLM2's 576x576 projections)
+_MIN_WEIGHT = 1 << 20
 _UPCAST_MIN_ROWS = 48
 
 
@@ -40,7 +43,8 @@ def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def install_verify_linear(model: torch.nn.Module) -> int:
-    """Route the model's plain ``nn.Linear`` modules through the verify-aware forward (idempotent).
+    """Route the model's plain ``nn.Linear`` modules of at least 2^20 weights through the verify-aware
+    forward (idempotent).
 
     Subclasses of ``nn.Linear`` (bitsandbytes, AWQ/GPTQ kernels) and modules with accelerate hooks keep
     their own forward. Outside :func:`verify_linear` the routed forward is exactly ``F.linear``.
@@ -48,14 +52,16 @@ def install_verify_linear(model: torch.nn.Module) -> int:
     Returns:
         The number of modules routed.
     """
-    return _route(model, _forward)
+    return _route(model, _forward, _MIN_WEIGHT)
 
 
-def _route(model: torch.nn.Module, forward) -> int:
-    """Point every plain ``nn.Linear`` of ``model`` (no subclass, no accelerate hook) at ``forward``."""
+def _route(model: torch.nn.Module, forward, min_weight: int = 0) -> int:
+    """Point every plain ``nn.Linear`` of ``model`` (no subclass, no accelerate hook, at least
+    ``min_weight`` weight elements) at ``forward``."""
     count = 0
     for module in model.modules():
-        if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):
+        if (type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook")
+                and module.weight.numel() >= min_weight):
             if getattr(module, "_hf_spec_forward", None) is not forward:
                 module.forward = forward.__get__(module)
                 module._hf_spec_forward = forward

@@ -9,8 +9,8 @@ from .conftest import tiny_llama
 
 def test_verify_linear_matches_f_linear_and_is_gated():
     torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 48)
-    ref = {m: lin(torch.ones(m, 64)) for m in (1, 3, 16, 40)}
+    lin = torch.nn.Linear(1024, 1024)
+    ref = {m: lin(torch.ones(m, 1024)) for m in (1, 3, 16, 40)}
     assert install_verify_linear(torch.nn.Sequential(lin)) == 1
     calls = []
     orig_mm = torch.mm
@@ -21,35 +21,35 @@ def test_verify_linear_matches_f_linear_and_is_gated():
 
     torch.mm = spy
     try:
-        x = torch.randn(3, 64)
+        x = torch.randn(3, 1024)
         outside = lin(x)
         assert calls == []  # outside the block: exactly F.linear
         with verify_linear():
             inside = lin(x)
-            lin(torch.randn(40, 64))  # more than 16 rows: F.linear
-            lin(torch.randn(1, 64))   # one row: F.linear
+            lin(torch.randn(40, 1024))  # more than 16 rows: F.linear
+            lin(torch.randn(1, 1024))   # one row: F.linear
         assert len(calls) == 1
     finally:
         torch.mm = orig_mm
     torch.testing.assert_close(inside, outside, rtol=1e-5, atol=1e-5)
-    assert torch.equal(lin(torch.ones(40, 64)), ref[40])
+    assert torch.equal(lin(torch.ones(40, 1024)), ref[40])
 
 
 def test_subclasses_of_linear_are_left_alone():
     class QuantLinear(torch.nn.Linear):
         pass
 
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), QuantLinear(4, 4))
-    assert install_verify_linear(model) == 1
-    assert "forward" not in vars(model[1])
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), QuantLinear(1024, 1024), torch.nn.Linear(8, 8))
+    assert install_verify_linear(model) == 1  # the subclass and the small layer keep their forward
+    assert "forward" not in vars(model[1]) and "forward" not in vars(model[2])
 
 
 def test_model_outputs_agree_inside_and_outside():
-    model = tiny_llama(seed=2)
+    model = tiny_llama(seed=2, hidden=1024)
     ids = torch.tensor([[0, 3, 4, 5, 6]])
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-        install_verify_linear(model)
+        assert install_verify_linear(model) > 0
         with verify_linear():
             got = model(input_ids=ids).logits
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
