@@ -182,7 +182,7 @@ def main(argv=None) -> int:
             for name in args.names:
                 print(provision(name))
             return 0
-    except (ValueError, ModelChecksumError, FileNotFoundError) as e:  # bad input: a message, not a traceback
+    except (ValueError, ModelChecksumError, OSError) as e:  # bad input or an unreachable hub: a message, not a traceback
         print(f"hf-spec: error: {e}", file=sys.stderr)
         return 2
     return 2
