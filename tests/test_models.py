@@ -2,8 +2,8 @@
 leaves nothing half-written in the cache."""
 
 import dataclasses
-import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +63,7 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path / "c"))
     assert models.cache_dir() == tmp_path / "c"
     monkeypatch.delenv("HF_SPEC_CACHE")
-    assert models.cache_dir() == os.path.expanduser("~/.cache/hf_spec") or str(models.cache_dir()).endswith("hf_spec")
+    assert models.cache_dir() == Path.home() / ".cache" / "hf_spec"
 
 
 def test_resolve_dtype():
