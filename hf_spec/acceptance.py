@@ -16,7 +16,9 @@ speculative decoding therefore emits between 1 and k+1 tokens.
   pass ``draft_probs=None``.
 
 Both work on a batch: every tensor has a leading batch dimension and the number of accepted tokens is
-per row.
+per row. Rows may draft different numbers of tokens: ``num_drafted[b]`` says how many of the k columns
+of row b are real; the rest are filler that is never accepted, and the row's next token is then drawn
+from the target alone at position ``num_drafted[b]`` (the bonus token of a shorter draft).
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ import torch
 __all__ = ["greedy_accept", "speculative_sample"]
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_accept(
+    draft_tokens: torch.Tensor, target_scores: torch.Tensor, num_drafted: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy verification.
 
     Args:
         draft_tokens: ``LongTensor[B, k]``, the drafted tokens (k may be 0).
         target_scores: ``Tensor[B, k+1, V]``, the target's processed scores (logits after logits
             processors) at the k+1 verified positions: position i scores the token after draft token i-1.
+        num_drafted: optional ``LongTensor[B]`` in ``0..k``, how many leading draft columns are real per
+            row (default: all k).
 
     Returns:
         ``(num_accepted, next_token)``: ``LongTensor[B]`` in ``0..k``, the length of the accepted draft
@@ -44,7 +50,7 @@ def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tu
     _check_shapes(draft_tokens, target_scores)
     k = draft_tokens.shape[1]
     target_tokens = target_scores.argmax(dim=-1)  # [B, k+1]
-    matches = draft_tokens == target_tokens[:, :k]
+    matches = (draft_tokens == target_tokens[:, :k]) & _real(draft_tokens, num_drafted)
     num_accepted = matches.to(torch.long).cumprod(dim=-1).sum(dim=-1)
     next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
     return num_accepted, next_token
@@ -55,6 +61,7 @@ def speculative_sample(
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    num_drafted: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative (rejection) sampling (Leviathan et al. 2023, Algorithm 1).
 
@@ -64,6 +71,8 @@ def speculative_sample(
             logits processors as the target), or ``None`` for a deterministic drafter (one-hot q).
         target_probs: ``Tensor[B, k+1, V]``, the target's processed distributions at the k+1 positions.
         generator: optional ``torch.Generator`` for the uniform draws and the residual sample.
+        num_drafted: optional ``LongTensor[B]`` in ``0..k``, how many leading draft columns are real per
+            row (default: all k). A row's filler columns are never accepted and never form a residual.
 
     Returns:
         ``(num_accepted, next_token)``, both ``LongTensor[B]``: accepted prefix length in ``0..k``, and the
@@ -90,12 +99,13 @@ def speculative_sample(
         draft_probs = draft_probs.float()
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
     u = torch.rand((bsz, k), device=device, generator=generator)
-    accepted = u * q_x < p_x  # u < p/q without dividing; q=0, p>0 accepts, p=0 rejects
+    accepted = (u * q_x < p_x) & _real(draft_tokens, num_drafted)  # u < p/q: q=0, p>0 accepts; p=0 rejects
     num_accepted = accepted.to(torch.long).cumprod(dim=-1).sum(dim=-1)  # [B]
 
     rows = torch.arange(bsz, device=device)
-    p_next = target_probs[rows, num_accepted]  # [B, V]: p at the first rejected position, or p_{k+1}
-    rejected = num_accepted < k
+    p_next = target_probs[rows, num_accepted]  # [B, V]: p at the first rejected position, or the bonus p
+    drafted = torch.full_like(num_accepted, k) if num_drafted is None else num_drafted.to(device)
+    rejected = num_accepted < drafted  # a real draft token was rejected (not: the row's draft ran out)
     if k > 0 and bool(rejected.any()):
         pos = num_accepted.clamp(max=k - 1)
         if draft_probs is None:
@@ -109,6 +119,14 @@ def speculative_sample(
         p_next = torch.where(rejected[:, None], residual, p_next)
     next_token = torch.multinomial(p_next / p_next.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
     return num_accepted, next_token
+
+
+def _real(draft_tokens: torch.Tensor, num_drafted: torch.Tensor | None) -> torch.Tensor:
+    """``BoolTensor[B, k]``: which draft columns are real."""
+    if num_drafted is None:
+        return torch.ones_like(draft_tokens, dtype=torch.bool)
+    cols = torch.arange(draft_tokens.shape[1], device=draft_tokens.device)
+    return cols[None, :] < num_drafted.to(draft_tokens.device)[:, None]
 
 
 def _check_shapes(draft_tokens: torch.Tensor, target: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ __all__ = ["StepEvent", "EventListener"]
 
 @dataclass
 class StepEvent:
-    """What one target forward did, for each batch row.
+    """What one target forward did, for each batch row still running.
 
     Attributes:
         step: 0 for the prefill forward, then 1, 2, ...
@@ -31,6 +31,8 @@ class StepEvent:
         time_s: seconds since the start of the generate call, at the end of this step.
         finished: per row, whether the row is done after this step.
         policy: optional decision record (from the adaptive policy), e.g. ``{"k": 3, "reason": "..."}``.
+        rows: the original batch index of each listed row (finished rows leave the batch, so after the
+            first one ends the lists are shorter than the batch); ``None`` means ``0..len-1``.
     """
 
     step: int
@@ -43,6 +45,7 @@ class StepEvent:
     time_s: float
     finished: list[bool]
     policy: dict | None = field(default=None)
+    rows: list[int] | None = field(default=None)
 
 
 EventListener = Callable[[StepEvent], None]

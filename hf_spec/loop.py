@@ -23,10 +23,12 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.utils import ModelOutput
 
 from .acceptance import greedy_accept, speculative_sample
-from .drafters.base import Drafter, check_num_speculative_tokens, crop_cache_to
+from .drafters.base import Drafter, check_num_speculative_tokens
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
+from .processors import process_scores
+from .ragged import RaggedCache
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode"]
 
@@ -66,7 +68,8 @@ def generate(
 
     Args:
         model: the target model.
-        input_ids: ``LongTensor[B, L]`` (B = 1 for now), prepared by ``generate``.
+        input_ids: ``LongTensor[B, L]``, prepared by ``generate``; a batch must be left-padded
+            (``tokenizer.padding_side = "left"``) with its ``attention_mask`` in ``model_kwargs``.
         logits_processor, stopping_criteria, generation_config: prepared by ``generate``.
         drafter: an hf-spec :class:`~hf_spec.drafters.base.Drafter`; ``None`` decodes without speculation.
         num_speculative_tokens: k; overrides the drafter's own value when given.
@@ -80,26 +83,21 @@ def generate(
         :class:`SpeculativeOutput` with ``sequences`` and ``stats``.
 
     Raises:
-        ValueError: batch size > 1, beam search or ``num_return_sequences`` > 1, an empty prompt, k < 1,
-            padding in the attention mask, or a cache that cannot be cropped.
+        ValueError: beam search or ``num_return_sequences`` > 1, an empty prompt or all-padding row, a
+            right-padded batch, k < 1, a streamer with batch size > 1, or a cache that cannot be cropped.
     """
     if streamer is not None:  # a future transformers may pass it on
         spec_streamer = spec_streamer or streamer
-    if spec_streamer is not None:
-        spec_streamer.put(input_ids.cpu())
-    cache = model_kwargs.get("cache")
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is not None and not bool((attention_mask == 1).all()):
-        raise ValueError("padded inputs are not supported yet: pass one unpadded prompt (batch size 1)")
     return speculative_decode(
         model,
         input_ids,
         drafter,
+        attention_mask=model_kwargs.get("attention_mask"),
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         generation_config=generation_config,
         num_speculative_tokens=num_speculative_tokens,
-        cache=cache,
+        cache=model_kwargs.get("cache"),
         streamer=spec_streamer,
         event_listeners=event_listeners,
     )
@@ -112,10 +110,6 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"batch size {input_ids.shape[0]} is not supported yet; run the prompts one at a time (batch size 1)"
-        )
     if num_speculative_tokens is not None:
         check_num_speculative_tokens(num_speculative_tokens)
     if drafter is not None and not isinstance(drafter, Drafter):
@@ -139,6 +133,7 @@ def speculative_decode(
     input_ids: torch.LongTensor,
     drafter: Drafter | None,
     *,
+    attention_mask: torch.Tensor | None = None,
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig,
@@ -150,101 +145,158 @@ def speculative_decode(
 ) -> SpeculativeOutput:
     """The loop itself, on already-prepared inputs (see :func:`generate` for the arguments).
 
-    ``stopping_criteria`` must end the sequence (it holds at least ``max_length``); ``generate``
-    builds it from the generation config.
+    A batch is left-padded (``attention_mask [B, L]``, zeros first). Each row accepts its own number of
+    tokens per step and stops on its own; a finished row leaves the batch (its cache rows are dropped), so it
+    costs nothing afterwards. Per-row cache state is kept by :class:`~hf_spec.ragged.RaggedCache`.
+    ``stopping_criteria`` must end every row (it holds at least ``max_length``); ``generate`` builds it.
     """
     _validate(model, input_ids, drafter, generation_config, num_speculative_tokens, cache)
+    bsz = input_ids.shape[0]
+    if streamer is not None and bsz > 1:
+        raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
+    if streamer is not None:
+        streamer.put(input_ids.cpu())  # as transformers' generate does: the prompt first
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     if stopping_criteria is None or len(stopping_criteria) == 0:
         raise ValueError("stopping_criteria must include a max length; call through model.generate")
+    device = model.device
+    input_ids = input_ids.to(device)
+    pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
+    max_length = generation_config.max_length
     listeners = [stats := SpecStats()] + list(event_listeners or [])
     if drafter is not None:
         if num_speculative_tokens is not None:
             drafter.num_speculative_tokens = num_speculative_tokens
         drafter.prepare(model, input_ids, generation_config, logits_processor)
-    cache = cache if cache is not None else DynamicCache(config=model.config)
-    device = model.device
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
-    input_ids = input_ids.to(device)
+
+    # per row: its sequence as transformers' batched generate sees it (own left padding, then tokens)
+    rows = [input_ids[b] for b in range(bsz)]
+    active = list(range(bsz))  # original indices of the rows still in the batch
+    finished = [False] * bsz
 
     def emit(event: StepEvent) -> None:
         for listener in listeners:
             listener(event)
 
-    def score(seq: torch.LongTensor, logits: torch.Tensor, start: int) -> torch.Tensor:
-        """Apply the logits processors at each of the n positions ``logits[:, i]`` (prefix ``seq[:, :start+i]``)."""
-        if len(logits_processor) == 0:
-            return logits
-        return torch.stack(
-            [logits_processor(seq[:, : start + i], logits[:, i]) for i in range(logits.shape[1])], dim=1
-        )
-
-    def append_until_stop(seq: torch.LongTensor, new: list[int]) -> tuple[torch.LongTensor, list[int], bool]:
-        """Append tokens one by one, checking the stopping criteria after each (exact stop position)."""
+    def append_until_stop(b: int, new: list[int]) -> list[int]:
+        """Append tokens to row b one by one, checking the stopping criteria after each (exact stop)."""
         kept = []
         for tok in new:
-            seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+            rows[b] = torch.cat([rows[b], rows[b].new_tensor([tok])])
             kept.append(tok)
-            if bool(stopping_criteria(seq, None).any()):
-                return seq, kept, True
-        return seq, kept, False
+            if bool(stopping_criteria(rows[b][None], None).any()):
+                finished[b] = True
+                break
+        return kept
 
     t0 = time.perf_counter()
-    # ---- prefill: the target alone chooses the first token ---------------------------------------
-    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-    scores = score(input_ids, out.logits[:, -1:].float(), input_ids.shape[1])
-    first = _choose(scores[:, 0], do_sample, generator)
-    seq, kept, done = append_until_stop(input_ids, [int(first[0])])
+    # ---- prefill: the target alone chooses each row's first token --------------------------------
+    ragged = RaggedCache(model.config, bsz, device, cache)
+    out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
+                         if attention_mask is None else attention_mask.to(device).bool())
+    scores = process_scores(logits_processor, rows, out.logits[:, -1].float())
+    first = _choose(scores, do_sample, generator).tolist()
+    emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
     verify_time = time.perf_counter() - t0
     if streamer is not None:
-        streamer.put(torch.tensor(kept))
-    emit(StepEvent(0, 0, [[]], [0], [kept], 0.0, verify_time, time.perf_counter() - t0, [done]))
+        streamer.put(torch.tensor(emitted[0]))
+    emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
+                   time.perf_counter() - t0, list(finished), rows=list(active)))
 
     step = 0
-    while not done:
+    while True:
+        keep = [i for i, b in enumerate(active) if not finished[b]]
+        if not keep:
+            break
+        if len(keep) < len(active):  # finished rows leave the batch
+            index = torch.tensor(keep, dtype=torch.long, device=device)
+            ragged.select(index)
+            if drafter is not None:
+                drafter.select_rows(index)
+            active = [active[i] for i in keep]
         step += 1
-        length = seq.shape[1]
-        # ---- draft ------------------------------------------------------------------------------
+        n_rows = len(active)
+        # ---- draft --------------------------------------------------------------------------------
         t_draft = time.perf_counter()
         k_asked = drafter.num_speculative_tokens if drafter is not None else 0
-        if drafter is not None:
-            candidates, draft_scores = drafter.get_candidates(seq)
-            candidates = candidates.to(device)
+        # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
+        budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
+        k_step = int(budget.max())
+        if k_step > 0:
+            drafts, num_drafted, draft_scores = drafter.draft([rows[b][pad_len[b]:] for b in active], k_step)
+            drafts, num_drafted = drafts.to(device), torch.minimum(num_drafted.to(device), budget)
         else:
-            candidates, draft_scores = seq, None
-        drafts = candidates[:, length:]
+            drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
         k = drafts.shape[1]
         t_verify = time.perf_counter()
-        # ---- verify k+1 positions in one target forward ---------------------------------------
+        # ---- verify k+1 positions per row in one target forward -------------------------------
+        last = torch.stack([rows[b][-1] for b in active])[:, None]
+        block = torch.cat([last, drafts], dim=1)
+        cols = torch.arange(k + 1, device=device)
+        before = ragged.lengths.clone()
         with verify_linear(k > 0):
-            out = model(input_ids=candidates[:, length - 1:], cache=cache, use_cache=True, logits_to_keep=k + 1)
-        target_scores = score(candidates, out.logits[:, -(k + 1):].float(), length)
+            out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1)
+        logits = out.logits[:, -(k + 1):].float()
+        target_scores = logits if len(logits_processor) == 0 else torch.stack(
+            [process_scores(logits_processor, [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
+                            logits[:, j]) for j in range(k + 1)], dim=1)
         if do_sample:
             q = draft_scores.to(device).float().softmax(dim=-1) if draft_scores is not None else None
-            num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator)
+            num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
+                                                          num_drafted)
         else:
-            num_accepted, next_token = greedy_accept(drafts, target_scores)
-        n = int(num_accepted[0])
-        proposal = drafts[0, :n].tolist() + [int(next_token[0])]
-        seq, kept, done = append_until_stop(seq, proposal)
-        # the cache holds the sequence minus its last token, which the next forward feeds
-        crop_cache_to(cache, seq.shape[1] - 1)
+            num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
+        n_acc, nxt, drafts_list = num_accepted.tolist(), next_token.tolist(), drafts.tolist()
+        emitted = [append_until_stop(b, drafts_list[i][: n_acc[i]] + [nxt[i]]) for i, b in enumerate(active)]
+        # each row's cache keeps its sequence minus its last token, which the next forward feeds
+        ragged.truncate(before + 1 + num_accepted)
         now = time.perf_counter()
         if streamer is not None:
-            streamer.put(torch.tensor(kept))
-        if drafter is not None:
-            drafter.update_candidate_strategy(seq, target_scores, n)
+            streamer.put(torch.tensor(emitted[0]))
+        ndr = num_drafted.tolist()
         emit(
             StepEvent(
-                step, k_asked, [drafts[0].tolist()], [min(n, len(kept) - 1)], [kept],
-                t_verify - t_draft, now - t_verify, now - t0, [done],
+                step, k_asked, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
+                [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
+                t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], rows=list(active),
             )
         )
     if streamer is not None:
         streamer.end()
-    return SpeculativeOutput(sequences=seq, stats=stats)
+    return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats)
+
+
+def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTensor) -> list[int]:
+    """Per-row count of left padding tokens; raises on right padding or an all-padding row."""
+    if attention_mask is None:
+        return [0] * input_ids.shape[0]
+    mask = attention_mask.to(torch.long).cpu()
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(input_ids.shape)}")
+    pads = (mask == 0).sum(dim=1)
+    left = (mask.cumsum(dim=1) == 0).sum(dim=1)
+    if bool((pads != left).any()):
+        raise ValueError("the batch is right-padded; pad on the left: tokenizer.padding_side = 'left'")
+    if bool((pads == mask.shape[1]).any()):
+        raise ValueError("empty prompt: a batch row is all padding; give every row at least one token")
+    return pads.tolist()
+
+
+def _right_pad(rows: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:
+    """Stack rows of different lengths into ``LongTensor[B, max_len]``, filling with the pad token (as
+    transformers' batched generate does for rows that ended early)."""
+    width = max(len(r) for r in rows)
+    pad = generation_config.pad_token_id
+    if pad is None:
+        eos = generation_config.eos_token_id
+        pad = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
+    out = rows[0].new_full((len(rows), width), int(pad) if not isinstance(pad, torch.Tensor) else int(pad.flatten()[0]))
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = r
+    return out
 
 
 def _choose(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:

@@ -48,8 +48,17 @@ class SpecStats:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     policy_events: list[dict] = field(default_factory=list)
+    #: with a batch (B > 1): the statistics of each row, by its index in the batch (``time`` fields: until
+    #: that row finished)
+    per_row: dict[int, "SpecStats"] = field(default_factory=dict)
 
     def __call__(self, event: StepEvent) -> None:
+        if len(event.emitted) > 1 or self.per_row:
+            for i, row in enumerate(event.rows if event.rows is not None else range(len(event.emitted))):
+                self.per_row.setdefault(row, SpecStats())(
+                    StepEvent(event.step, event.num_speculative_tokens, [event.drafted[i]], [event.num_accepted[i]],
+                              [event.emitted[i]], event.draft_time_s, event.verify_time_s, event.time_s,
+                              [event.finished[i]], event.policy))
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -119,7 +128,8 @@ class SpecStats:
         return (self.num_emitted_tokens - self.num_sequences) / best if best > 0 else 0.0
 
     def merge(self, other: "SpecStats") -> "SpecStats":
-        """Add another call's counters into this one (times add up; TTFT keeps the sum too)."""
+        """Add another call's counters into this one (times add up; TTFT keeps the sum too; ``per_row`` is
+        not merged)."""
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
                      "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "draft_time_s", "verify_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -134,6 +144,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         """All counters plus the derived values, JSON-ready."""
         d = asdict(self)
+        d["per_row"] = {row: stats.to_dict() for row, stats in self.per_row.items()}
         for name in ("new_tokens", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
                      "tpot_s", "tokens_per_s", "system_efficiency"):
             d[name] = getattr(self, name)

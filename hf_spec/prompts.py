@@ -8,6 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from transformers import BatchEncoding
+
 __all__ = ["Question", "SPECBENCH_PATH", "load_questions", "chat_inputs"]
 
 SPECBENCH_PATH = Path(__file__).parent / "data" / "specbench_questions.jsonl"
@@ -61,15 +64,31 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
     return out
 
 
-def chat_inputs(tokenizer, text: str, chat: bool = True):
-    """Tokenize one prompt, through the tokenizer's chat template when ``chat`` (and it has one).
+def chat_inputs(tokenizer, text: str | list[str], chat: bool = True):
+    """Tokenize one prompt, or a batch, through the tokenizer's chat template when ``chat`` (and it has one).
+
+    Args:
+        tokenizer: the target's tokenizer.
+        text: a prompt, or a list of B prompts (left-padded into one batch, as batched generation needs).
+        chat: apply the chat template.
 
     Returns:
-        ``BatchEncoding`` with ``input_ids`` and ``attention_mask`` of shape ``[1, L]``.
+        ``BatchEncoding`` with ``input_ids`` and ``attention_mask`` of shape ``[1, L]``, or ``[B, L_max]``
+        with the padding on the left.
 
     Raises:
-        ValueError: the prompt is empty.
+        ValueError: a prompt is empty, or the batch is empty.
     """
+    if isinstance(text, (list, tuple)):
+        if not text:
+            raise ValueError("empty batch: give at least one prompt")
+        rows = [chat_inputs(tokenizer, t, chat)["input_ids"][0].tolist() for t in text]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        width = max(len(r) for r in rows)
+        return BatchEncoding({
+            "input_ids": torch.tensor([[pad] * (width - len(r)) + r for r in rows]),
+            "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]),
+        })
     if not text or not text.strip():
         raise ValueError("empty prompt: give some text")
     if chat and getattr(tokenizer, "chat_template", None):

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 import hf_spec
-from hf_spec.drafters.base import crop_cache_to
+from hf_spec.ragged import crop_cache_to
 from hf_spec.kernels import install_verify_linear, verify_linear
 
 

@@ -141,3 +141,33 @@ def test_generator_makes_sampling_reproducible():
     a = speculative_sample(d, q, p, torch.Generator().manual_seed(5))
     b = speculative_sample(d, q, p, torch.Generator().manual_seed(5))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_filler_columns_are_never_accepted_and_the_next_token_comes_from_the_target():
+    """Rows that drafted fewer tokens (num_drafted) pad with filler; a filler equal to the target's
+    argmax must still not be accepted, and the row's next token is the target's token at num_drafted."""
+    V = 6
+    target = torch.full((2, 4, V), -1.0)
+    for row in range(2):
+        for i, t in enumerate([2, 3, 4, 5]):
+            target[row, i, t] = 1.0
+    draft = torch.tensor([[2, 3, 4], [2, 3, 4]])  # row 1: only 1 real token, fillers happen to match
+    n, nxt = greedy_accept(draft, target, torch.tensor([3, 1]))
+    assert n.tolist() == [3, 1] and nxt.tolist() == [5, 3]
+    p = target.softmax(-1)
+    n, nxt = speculative_sample(draft, None, p * 0 + torch.nn.functional.one_hot(target.argmax(-1), V).float(),
+                                num_drafted=torch.tensor([3, 1]))
+    assert n.tolist() == [3, 1] and nxt.tolist() == [5, 3]
+
+
+def test_sampling_after_a_short_draft_is_from_p_not_the_residual():
+    """A row whose draft ran out (all its real tokens accepted) draws the next token from p at that
+    position (the bonus distribution), never from a residual built with a filler token."""
+    V, N = 4, 20000
+    torch.manual_seed(0)
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(N, 2, V)
+    draft = torch.full((N, 1), 3)  # filler column (num_drafted = 0) equal to the likeliest token
+    n, nxt = speculative_sample(draft, None, p, num_drafted=torch.zeros(N, dtype=torch.long))
+    assert int(n.sum()) == 0
+    counts = torch.bincount(nxt, minlength=V).tolist()
+    assert chisquare(counts, [N * x for x in (0.1, 0.2, 0.3, 0.4)]).pvalue > ALPHA

@@ -7,7 +7,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
-from hf_spec.drafters.base import crop_cache_to
+from hf_spec.ragged import crop_cache_to
 
 from .conftest import first_divergence, tiny_llama, top2_gap, TIE_BOUND
 
@@ -141,10 +141,24 @@ def test_vocabulary_mismatch_names_both(tiny):
         _gen(target, hf_spec.DraftModelDrafter(other, 3))
 
 
-def test_batch_beam_and_other_modes_refused(tiny):
+def test_bad_batches_refused(tiny):
+    target, _ = tiny
+    ids = PROMPT.repeat(2, 1)
+    right = torch.ones_like(ids)
+    right[1, -2:] = 0
+    with pytest.raises(ValueError, match="padding_side = 'left'"):
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=ids, attention_mask=right)
+    empty_row = torch.ones_like(ids)
+    empty_row[1] = 0
+    with pytest.raises(ValueError, match="empty prompt"):
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=ids, attention_mask=empty_row)
+    with pytest.raises(ValueError, match="streamer"):
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=ids, attention_mask=torch.ones_like(ids),
+             spec_streamer=object())
+
+
+def test_beam_and_other_modes_refused(tiny):
     target, draft = tiny
-    with pytest.raises(ValueError, match="batch size 2"):
-        _gen(target, hf_spec.NgramDrafter(2), input_ids=PROMPT.repeat(2, 1))
     with pytest.raises(ValueError, match="beam search"):
         _gen(target, hf_spec.NgramDrafter(2), num_beams=2)
     with pytest.raises(ValueError, match="num_return_sequences"):

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
-__all__ = ["Drafter", "check_num_speculative_tokens", "crop_cache_to"]
+__all__ = ["Drafter", "check_num_speculative_tokens"]
 
 
 def check_num_speculative_tokens(k) -> int:
@@ -28,16 +28,6 @@ def check_num_speculative_tokens(k) -> int:
     return k
 
 
-def crop_cache_to(cache, length: int) -> None:
-    """Shrink a ``transformers`` cache to its first ``length`` positions (no-op when already shorter).
-
-    ``Cache.crop(n)`` in transformers 5 takes a negative count of tokens to remove.
-    """
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
 class Drafter(CandidateGenerator):
     """Base class of hf-spec's drafters.
 
@@ -48,8 +38,9 @@ class Drafter(CandidateGenerator):
     Raises:
         ValueError: ``num_speculative_tokens`` < 1.
 
-    Subclasses implement :meth:`propose`; ``get_candidates`` wraps it in the ``CandidateGenerator``
-    contract: ``(candidate_ids LongTensor[B, L + k'], candidate_scores Tensor[B, k', V] or None)``.
+    Subclasses implement :meth:`draft` (a batch of rows of different lengths) and, when they keep per-row
+    state, :meth:`select_rows`; ``get_candidates`` wraps :meth:`draft` in the ``CandidateGenerator``
+    contract for one row.
     """
 
     #: short name used in statistics and metric labels
@@ -93,28 +84,39 @@ class Drafter(CandidateGenerator):
             k = min(k, self.max_length - input_ids.shape[1] - 1)
         return max(k, 0)
 
-    # ---- the CandidateGenerator contract --------------------------------------------------------
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        k = self.budget(input_ids)
-        if k == 0:
-            return input_ids, None
-        tokens, scores = self.propose(input_ids, k)
-        if tokens.shape[1] == 0:
-            return input_ids, None
-        return torch.cat([input_ids, tokens.to(input_ids.device)], dim=1), scores
-
-    def propose(self, input_ids: torch.LongTensor, k: int) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Propose up to k tokens after ``input_ids``.
+    # ---- what the loop calls --------------------------------------------------------------------
+    def draft(
+        self, sequences: list[torch.LongTensor], k: int
+    ) -> tuple[torch.LongTensor, torch.LongTensor, torch.Tensor | None]:
+        """Propose up to k tokens after each row's sequence.
 
         Args:
-            input_ids: ``LongTensor[B, L]``, the sequence so far.
-            k: the most tokens to propose (>= 1).
+            sequences: B ``LongTensor[L_b]``, each row's tokens so far (prompt without padding, then the
+                generated tokens); rows may differ in length.
+            k: the most tokens to propose per row (>= 1).
 
         Returns:
-            ``(tokens LongTensor[B, k'], scores Tensor[B, k', V] or None)`` with ``0 <= k' <= k``; scores are the
-            processed logits the tokens were sampled from (``None`` for a deterministic drafter).
+            ``(tokens, num_drafted, scores)``: ``LongTensor[B, k']`` (``k' <= k``; row b's columns from
+            ``num_drafted[b]`` on are filler), ``LongTensor[B]``, and for a drafter that samples, the
+            processed logits ``Tensor[B, k', V]`` each token was drawn from (``None`` for a deterministic one).
         """
         raise NotImplementedError
 
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        """Keep only these batch rows (indices into the current batch): the loop dropped finished ones."""
+
+    # ---- the transformers CandidateGenerator contract (batch size 1) ---------------------------
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """``(candidate_ids LongTensor[1, L + k'], candidate_scores Tensor[1, k', V] or None)``."""
+        k = self.budget(input_ids)
+        if k == 0:
+            return input_ids, None
+        tokens, num_drafted, scores = self.draft(list(input_ids), k)
+        width = int(num_drafted.min())
+        if width == 0:
+            return input_ids, None
+        scores = scores[:, :width] if scores is not None else None
+        return torch.cat([input_ids, tokens[:, :width].to(input_ids.device)], dim=1), scores
+
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches) -> None:
-        """Called after each verification with the new sequence and the number of accepted tokens."""
+        """Called by transformers' assisted loop after each verification (hf-spec's loop does not)."""

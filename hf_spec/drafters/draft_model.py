@@ -10,11 +10,12 @@ speculative sampling (Leviathan et al. 2023).
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from ..kernels import install_upcast_prefill
 from ..models import cpu_has_native_bf16
-from .base import Drafter, crop_cache_to
+from ..processors import process_scores
+from ..ragged import RaggedCache
+from .base import Drafter
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
 
@@ -54,8 +55,8 @@ class DraftModelDrafter(Drafter):
                 f"differs from the target tokenizer ({getattr(tokenizer, 'name_or_path', '?')}, {len(tokenizer)} tokens); "
                 "a draft model must use the target's tokenizer"
             )
-        self._cache: DynamicCache | None = None
-        self._cached_ids: torch.LongTensor | None = None
+        self._ragged: RaggedCache | None = None
+        self._cached: list[torch.LongTensor] = []
 
     def prepare(self, target, input_ids, generation_config, logits_processor=None) -> None:
         super().prepare(target, input_ids, generation_config, logits_processor)
@@ -69,44 +70,61 @@ class DraftModelDrafter(Drafter):
         if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
-        self._cache = DynamicCache(config=self.draft_model.config)
-        self._cached_ids = input_ids[:, :0]
+        self._ragged = None  # sized at the first draft
+        self._cached = []
 
     @property
     def device(self) -> torch.device:
         return self.draft_model.device
 
-    def _forward(self, ids: torch.LongTensor) -> torch.Tensor:
-        out = self.draft_model(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float()
+    def select_rows(self, rows):
+        if self._ragged is not None:
+            self._ragged.select(rows)
+            self._cached = [self._cached[int(r)] for r in rows]
 
     @torch.no_grad()
-    def propose(self, input_ids, k):
-        if self._cache is None:
+    def draft(self, sequences, k):
+        if self.generation_config is None:
             raise RuntimeError("DraftModelDrafter.prepare() must be called before drafting (the loop does it)")
-        ids = input_ids.to(self.device)
-        # reuse the cached prefix: the longest common prefix of what the cache holds and the sequence
-        cached = self._cached_ids
-        n = min(cached.shape[1], ids.shape[1] - 1)
-        if n > 0:
-            same = (cached[:, :n] == ids[:, :n]).all(dim=0)
-            n = int(same.to(torch.long).cumprod(0).sum())
-        crop_cache_to(self._cache, n)
-        logits = self._forward(ids[:, n:])
+        seqs = [s.to(self.device) for s in sequences]
+        if self._ragged is None or len(self._cached) != len(seqs):
+            self._ragged = RaggedCache(self.draft_model.config, len(seqs), self.device)
+            self._cached = [s[:0] for s in seqs]
+        # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
+        keep = torch.tensor([_common_prefix(c, s) for c, s in zip(self._cached, seqs)], dtype=torch.long)
+        self._ragged.truncate(keep)
+        new = [s[int(n):] for s, n in zip(seqs, keep)]
+        width = max(len(t) for t in new)
+        block = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
+        block_valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
+        for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
+            block[b, width - len(t):] = t
+            block_valid[b, width - len(t):] = True
+        logits = self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float()
         do_sample = bool(self.generation_config.do_sample)
         tokens, scores = [], []
-        seq = ids
         for i in range(k):
-            processed = self.logits_processor(seq, logits) if len(self.logits_processor) else logits
+            processed = process_scores(self.logits_processor, seqs, logits)
             if do_sample:
-                token = torch.multinomial(processed.softmax(dim=-1), 1)
+                token = torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1)
                 scores.append(processed)
             else:
-                token = processed.argmax(dim=-1, keepdim=True)
+                token = processed.argmax(dim=-1)
             tokens.append(token)
-            seq = torch.cat([seq, token], dim=1)
             if i < k - 1:
-                logits = self._forward(token)
-        self._cached_ids = seq[:, :-1]
-        out_tokens = torch.cat(tokens, dim=1)
-        return out_tokens, (torch.stack(scores, dim=1) if do_sample else None)
+                seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
+                logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float()
+        self._cached = seqs
+        out = torch.stack(tokens, dim=1)
+        num_drafted = torch.full((len(seqs),), k, dtype=torch.long, device=self.device)
+        return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
+
+
+def _common_prefix(cached: torch.LongTensor, seq: torch.LongTensor) -> int:
+    """Length of the common prefix of ``cached`` and ``seq``, leaving at least the last token of ``seq``
+    to feed (its logits give the first draft)."""
+    n = min(len(cached), len(seq) - 1)
+    if n <= 0:
+        return 0
+    same = cached[:n] == seq[:n]
+    return n if bool(same.all()) else int(same.to(torch.long).argmin())

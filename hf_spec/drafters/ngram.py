@@ -37,11 +37,15 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, input_ids, k):
-        rows = [self._lookup(row, k) for row in input_ids.tolist()]
-        width = min(len(r) for r in rows)  # one k' for the batch; rows draft the same count
-        tokens = torch.tensor([r[:width] for r in rows], dtype=torch.long, device=input_ids.device)
-        return tokens.reshape(len(rows), width), None
+    def draft(self, sequences, k):
+        found = [self._lookup(row.tolist(), k) for row in sequences]
+        device = sequences[0].device
+        num_drafted = torch.tensor([len(f) for f in found], dtype=torch.long, device=device)
+        width = int(num_drafted.max()) if found else 0
+        tokens = torch.zeros(len(found), width, dtype=torch.long, device=device)
+        for b, f in enumerate(found):
+            tokens[b, : len(f)] = torch.tensor(f, dtype=torch.long)
+        return tokens, num_drafted, None
 
     def _lookup(self, seq: list[int], k: int) -> list[int]:
         length = len(seq)

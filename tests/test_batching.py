@@ -1,0 +1,157 @@
+"""Batched speculative decoding (B > 1, left-padded prompts of different lengths).
+
+Mechanics on tiny random models: the per-row cache with holes gives every row the logits it would get
+alone; per-row sampling is distribution-exact (chi-square against enumeration, both drafters, and the same
+test fails for a wrong rule); statistics per row add up. Greedy exactness on the real SmolLM2 is in
+``test_real_batching.py``."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper
+
+import hf_spec
+import hf_spec.loop
+from hf_spec.ragged import RaggedCache
+
+from .conftest import tiny_llama
+from .test_acceptance import wrong_residual_rule
+from .test_sampling_exact import pvalue
+
+ALPHA = 1e-3
+V = 10
+N_RUNS = 1200
+NEW = 3
+# three prompts of different lengths (the batch is left-padded to the longest)
+PROMPTS = [[0, 4, 7], [0, 2, 5, 8, 3, 2, 5], [0, 6]]
+
+
+def left_pad(prompts, pad=1):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@torch.no_grad()
+def test_ragged_cache_rows_see_exactly_their_own_sequence():
+    """Feed a padded batch, then blocks with filler, roll back some tokens per row, feed again: each row's
+    logits equal a plain forward over that row's true sequence."""
+    model = tiny_llama(vocab_size=V, seed=5)
+    ids, mask = left_pad(PROMPTS)
+    ragged = RaggedCache(model.config, 3, "cpu")
+    ragged.forward(model, ids, mask.bool())
+    seqs = [list(p) for p in PROMPTS]
+    block = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 2], [5, 5, 5, 5]])
+    real = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)  # filler at the tail
+    ragged.forward(model, block, real, logits_to_keep=4)
+    for b in range(3):
+        seqs[b] += block[b, : int(real[b].sum())].tolist()
+    keep = torch.tensor([len(seqs[0]) - 2, len(seqs[1]), len(seqs[2]) - 1])  # roll back 2, 0, 1 tokens
+    ragged.truncate(keep)
+    seqs = [s[: int(n)] for s, n in zip(seqs, keep)]
+    assert ragged.lengths.tolist() == [len(s) for s in seqs]
+    nxt = torch.tensor([[2], [3], [4]])
+    out = ragged.forward(model, nxt, logits_to_keep=1).logits[:, -1]
+    for b in range(3):
+        alone = model(input_ids=torch.tensor([seqs[b] + [int(nxt[b])]])).logits[0, -1]
+        torch.testing.assert_close(out[b], alone, atol=1e-5, rtol=1e-5)
+    # dropping a row keeps the others intact
+    ragged.select(torch.tensor([0, 2]))
+    out = ragged.forward(model, torch.tensor([[6], [6]])).logits[:, -1]
+    for i, b in enumerate([0, 2]):
+        alone = model(input_ids=torch.tensor([seqs[b] + [int(nxt[b]), 6]])).logits[0, -1]
+        torch.testing.assert_close(out[i], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = tiny_llama(vocab_size=V, seed=10), tiny_llama(vocab_size=V, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+        draft.lm_head.weight.mul_(12.0)
+    return target, draft
+
+
+def procs():
+    return LogitsProcessorList([TemperatureLogitsWarper(1.0), TopKLogitsWarper(5)])
+
+
+@torch.no_grad()
+def exact_distribution(model, prompt):
+    """P(t1, t2, t3 | prompt) under the processed target distribution, by enumeration."""
+    out = {}
+
+    def p(prefix):
+        x = torch.tensor([prefix])
+        return procs()(x, model(input_ids=x).logits[:, -1].float()).softmax(-1)[0]
+
+    p1 = p(prompt)
+    for a in p1.nonzero().flatten().tolist():
+        p2 = p(prompt + [a])
+        for b in p2.nonzero().flatten().tolist():
+            p3 = p(prompt + [a, b])
+            for c in p3.nonzero().flatten().tolist():
+                out[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return out
+
+
+def batched_counts(target, drafter, seed):
+    torch.manual_seed(seed)
+    ids, mask = left_pad(PROMPTS)
+    cfg = GenerationConfig(do_sample=True, max_length=ids.shape[1] + NEW + 1, pad_token_id=1)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+    counts = [{} for _ in PROMPTS]
+    for _ in range(N_RUNS):
+        out = hf_spec.speculative_decode(target, ids, drafter, attention_mask=mask, logits_processor=procs(),
+                                         stopping_criteria=stop, generation_config=cfg)
+        for b in range(len(PROMPTS)):
+            key = tuple(out.sequences[b, ids.shape[1]: ids.shape[1] + NEW].tolist())
+            counts[b][key] = counts[b].get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("drafter_name", ["draft", "ngram"])
+def test_batched_sampling_is_distribution_exact_per_row(pair, drafter_name):
+    target, draft = pair
+    drafter = hf_spec.DraftModelDrafter(draft, 2) if drafter_name == "draft" else hf_spec.NgramDrafter(2, max_ngram=2)
+    counts = batched_counts(target, drafter, seed=7)
+    for b, prompt in enumerate(PROMPTS):
+        assert pvalue(counts[b], exact_distribution(target, prompt)) > ALPHA, f"row {b}"
+
+
+def test_batched_sampling_test_fails_for_a_wrong_rule(pair, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample", lambda d, q, p, g=None, n=None: wrong_residual_rule(d, q, p, g))
+    counts = batched_counts(target, hf_spec.DraftModelDrafter(draft, 2), seed=8)
+    assert min(pvalue(counts[b], exact_distribution(target, p)) for b, p in enumerate(PROMPTS)) < ALPHA
+
+
+def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
+    """Tiny-model mechanics: rows of different lengths, one ending early on EOS, several k."""
+    target = tiny_llama(seed=0)
+    draft = tiny_llama(seed=0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 7], [0, 11, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9], [0, 3, 3]]
+    ids, mask = left_pad(prompts)
+    # an extra EOS token that row 1 emits early, so that rows end at different steps
+    eos = [1, target.generate(torch.tensor([prompts[1]]), max_new_tokens=3, do_sample=False)[0, -1].item()]
+    alone = [target.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=eos)[0, len(p):].tolist()
+             for p in prompts]
+    assert min(len(a) for a in alone) <= 3 and max(len(a) for a in alone) == 20
+    for k in (1, 3, 6):
+        for drafter in (hf_spec.DraftModelDrafter(draft, k), hf_spec.NgramDrafter(k)):
+            events = []
+            out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
+                                  custom_generate=hf_spec.generate, drafter=drafter, event_listeners=[events.append])
+            for b, a in enumerate(alone):
+                row = out.sequences[b, ids.shape[1]:].tolist()
+                assert row[: len(a)] == a, f"k={k} {drafter.method} row {b}"
+                assert all(t == 1 for t in row[len(a):])  # right-padded (pad_token_id 1) after its end
+                assert out.stats.per_row[b].num_emitted_tokens == len(a)
+            assert out.stats.num_emitted_tokens == sum(len(a) for a in alone)
+            assert sum(s.num_accepted_tokens for s in out.stats.per_row.values()) == out.stats.num_accepted_tokens
+            # a finished row leaves the batch: later events list only the running rows
+            assert [len(e.rows) for e in events] == sorted((len(e.rows) for e in events), reverse=True)
