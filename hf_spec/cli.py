@@ -1,7 +1,9 @@
 """The ``hf-spec`` command.
 
-``hf-spec generate``: speculative generation on one prompt (or a file of prompts), optionally compared
-side by side with plain ``model.generate`` in the same process.
+``hf-spec generate``: speculative generation on one prompt (or a file of prompts, in batches), optionally
+compared side by side with plain ``model.generate`` in the same process.
+``hf-spec bench``: methods side by side on Spec-Bench (``hf_spec.bench``).
+``hf-spec tune``: measure acceptance, draft cost and verify cost; predict the best k and check it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,52 @@ def _add_generate(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", help="a text file (one prompt), or JSONL with a 'prompt' or 'turns' field per line")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="prompts per batch (left-padded; each row accepts and stops on its own); default 1")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--compare", action="store_true", help="also run plain model.generate and report speedup and identity")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench prompts")
+    p.add_argument("--target", required=True)
+    p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
+                   help="comma-separated: baseline, draft:NAME, ngram, hf-assisted, hf-prompt-lookup")
+    ks = p.add_mutually_exclusive_group()
+    ks.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default 5)")
+    ks.add_argument("--k-sweep", type=_int_list, default=None, help="e.g. 1,2,3,5,8: every speculative method at each k")
+    p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
+    p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")
+    p.add_argument("--categories", default=None, help="comma-separated (default: all in the file)")
+    p.add_argument("--per-category", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots")
+
+
+def _add_tune(sub) -> None:
+    p = sub.add_parser("tune", help="measure acceptance, draft cost and verify cost; predict and check the best k")
+    p.add_argument("--target", required=True)
+    p.add_argument("--drafter", required=True, help="draft:NAME or ngram")
+    p.add_argument("--k-max", type=int, default=12)
+    p.add_argument("--categories", default="coding,writing,qa,math_reasoning")
+    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--no-check", action="store_true", help="only predict; skip measuring the speedup at the best k")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -42,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-spec", description="Exact speculative decoding for transformers")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_bench(sub)
+    _add_tune(sub)
     p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
     p.add_argument("names", nargs="+", help="short names: smollm2-135m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b")
     return parser
@@ -66,6 +114,12 @@ def _read_prompts(args) -> list[str]:
     if not text.strip():
         raise SystemExit(f"hf-spec: error: empty prompt file: {path}")
     return [text]
+
+
+def _new_length(tokens: list[int], eos) -> int:
+    """Generated tokens of one batch row: up to and including its first EOS (the rest is padding)."""
+    eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    return next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
 
 
 def _make_drafter(spec: str, k: int, dtype, tokenizer):
@@ -93,6 +147,12 @@ def _generate(args) -> int:
         raise SystemExit("hf-spec: error: -k must be >= 1 (use --drafter none to decode without speculation)")
     if args.max_new_tokens < 1:
         raise SystemExit("hf-spec: error: --max-new-tokens must be >= 1")
+    if args.batch_size < 1:
+        raise SystemExit("hf-spec: error: --batch-size must be >= 1")
+    if args.temperature < 0:
+        raise SystemExit("hf-spec: error: --temperature must be >= 0 (0 decodes greedily)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise SystemExit("hf-spec: error: --top-p must be in (0, 1]")
     if not (args.drafter in ("none", "ngram") or (args.drafter.startswith("draft:") and len(args.drafter) > 6)):
         raise SystemExit(f"hf-spec: error: unknown drafter {args.drafter!r}; use none, ngram or draft:MODEL")
     prompts = _read_prompts(args)
@@ -115,57 +175,224 @@ def _generate(args) -> int:
     model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, drafter=drafter,
                    tokenizer=tokenizer)
 
-    rows = []
-    for text in prompts:
-        inputs = chat_inputs(tokenizer, text, args.chat)
+    rows, spec_s, base_s = [], 0.0, 0.0
+    for first in range(0, len(prompts), args.batch_size):
+        texts = prompts[first:first + args.batch_size]
+        inputs = chat_inputs(tokenizer, texts if len(texts) > 1 else texts[0], args.chat)
         prompt_len = inputs["input_ids"].shape[1]
         torch.manual_seed(args.seed)
         out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, **gen_kwargs)
-        stats = out.stats
-        new = out.sequences[0, prompt_len:]
-        row = {
-            "text": tokenizer.decode(new, skip_special_tokens=True),
-            "new_tokens": stats.new_tokens,
-            "acceptance_rate": stats.acceptance_rate,
-            "mean_accepted_length": stats.mean_accepted_length,
-            "acceptance_by_position": stats.acceptance_by_position,
-            "tokens_per_s": stats.tokens_per_s,
-            "ttft_s": stats.ttft_s,
-            "tpot_s": stats.tpot_s,
-            "total_s": stats.total_s,
-            "target_forwards": stats.num_target_forwards,
-        }
+        spec_s += out.stats.total_s
         if args.compare:
             torch.manual_seed(args.seed)
             t0 = time.perf_counter()
             base = model.generate(**inputs, **gen_kwargs)
-            base_s = time.perf_counter() - t0
-            base_new = base.shape[1] - prompt_len
-            row["baseline_tokens_per_s"] = base_new / base_s
-            row["baseline_total_s"] = base_s
-            row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
-            row["identical_to_baseline"] = bool(torch.equal(base[0], out.sequences[0]))
-        rows.append(row)
+            batch_base_s = time.perf_counter() - t0
+            base_s += batch_base_s
+        for b in range(len(texts)):
+            stats = out.stats.per_row.get(b, out.stats)
+            new = out.sequences[b, prompt_len:prompt_len + stats.new_tokens]
+            row = {
+                "text": tokenizer.decode(new, skip_special_tokens=True),
+                "new_tokens": stats.new_tokens,
+                "acceptance_rate": stats.acceptance_rate,
+                "mean_accepted_length": stats.mean_accepted_length,
+                "acceptance_by_position": stats.acceptance_by_position,
+                "tokens_per_s": stats.tokens_per_s,
+                "ttft_s": stats.ttft_s,
+                "tpot_s": stats.tpot_s,
+                "total_s": stats.total_s,
+                "target_forwards": stats.num_target_forwards,
+            }
+            if args.compare:
+                base_row = base[b, prompt_len:]
+                base_new = _new_length(base_row.tolist(), model.generation_config.eos_token_id)
+                row["baseline_new_tokens"] = base_new
+                row["identical_to_baseline"] = bool(torch.equal(base_row[:base_new], new)) and base_new == stats.new_tokens
+                if len(texts) == 1:
+                    row["baseline_tokens_per_s"] = base_new / batch_base_s
+                    row["baseline_total_s"] = batch_base_s
+                    row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
+            rows.append(row)
+    total_new = sum(r["new_tokens"] for r in rows)
+    totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
+    if args.compare:
+        totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
+        totals["speedup"] = totals["tokens_per_s"] / totals["baseline_tokens_per_s"]
+        totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
 
     config = {"target": args.target, "drafter": args.drafter, "num_speculative_tokens": args.k,
               "dtype": str(dtype).replace("torch.", ""),
               "draft_dtype": str(draft_dtype).replace("torch.", "") if args.drafter.startswith("draft:") else None,
               "temperature": args.temperature,
-              "max_new_tokens": args.max_new_tokens}
+              "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
     if args.json:
-        result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows}
+        if len(rows) == 1:
+            result = dict(rows[0], config=config)
+        else:
+            result = {"config": config, "rows": rows, **totals}
         print(json.dumps(result, indent=2))
         return 0
     for row in rows:
         print(row["text"])
         print("-" * 60)
-        print(f"{row['new_tokens']} tokens at {row['tokens_per_s']:.2f} tok/s | acceptance rate "
-              f"{row['acceptance_rate']:.1%} | mean accepted length {row['mean_accepted_length']:.2f} | "
-              f"TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
+        print(f"{row['new_tokens']} tokens | acceptance rate {row['acceptance_rate']:.1%} | mean accepted length "
+              f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
         if args.compare:
-            print(f"plain decoding {row['baseline_tokens_per_s']:.2f} tok/s | speedup {row['speedup']:.2f}x | "
-                  f"identical to plain greedy output: {row['identical_to_baseline']}")
-    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']}]")
+            print(f"identical to plain decoding: {row['identical_to_baseline']}")
+    print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
+    if args.compare:
+        print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
+    print()
+    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
+          f"batch size {config['batch_size']}]")
+    return 0
+
+
+def _bench(args) -> int:
+    from . import load
+    from .bench import machine_config, parse_methods, run_bench, select_questions, summarize, write_report
+    from .models import resolve_dtype
+
+    ks = args.k_sweep or [args.k if args.k is not None else 5]
+    methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
+    if args.max_new_tokens < 1 or args.per_category < 1 or args.repeats < 1:
+        raise SystemExit("hf-spec: error: --max-new-tokens, --per-category and --repeats must be >= 1")
+    if args.temperature < 0:
+        raise SystemExit("hf-spec: error: --temperature must be >= 0")
+    cats = args.categories.split(",") if args.categories else None
+    questions = select_questions(args.questions, cats, args.per_category)
+    if not questions:
+        raise SystemExit(f"hf-spec: error: no questions for categories {args.categories!r}")
+    dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype)
+    target, tok = load(args.target, dtype=dtype)
+    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed)
+    greedy = args.temperature == 0
+    summary = summarize(raw, methods, greedy)
+    prediction = None
+    if args.k_sweep:
+        prediction = _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype)
+    config = dict(machine_config(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
+                  categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
+                  draft_dtype=str(draft_dtype).replace("torch.", ""), command="hf-spec " + " ".join(sys.argv[1:]))
+    out = write_report(args.out, config, summary, raw, prediction)
+    from .bench import markdown_table
+
+    print(markdown_table(summary))
+    print(f"written: {out}/results.json, results.md, plots")
+    return 0
+
+
+def _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype) -> dict:
+    """Per k-method family: measured decode-phase speedup (baseline TPOT / method TPOT) at each k, beside
+    the speedup model's prediction from measured acceptance, cost ratio and verify cost."""
+    from .bench import _load_draft
+    from .metrics import SpecStats
+    from .prompts import chat_inputs
+    from .tuning import conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
+
+    ids = chat_inputs(tok, questions[0].text)["input_ids"]
+    k_max = max(m.k for m in methods if m.k)
+    verify = measure_verify_cost(target, ids, k_max + 1)
+    costs = {}
+    out: dict[str, list] = {}
+    for m in methods:
+        if m.k is None:
+            continue
+        family = m.name.split("@", 1)[0]
+        point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
+                 "measured_total": summary[m.name]["speedup_total"], "predicted": None}
+        if m.kind in ("draft", "ngram"):
+            stats = SpecStats()
+            for p in raw["prompts"]:
+                stats.merge(p["runs"][m.name]["stats"])
+            if m.kind == "draft" and m.draft not in costs:
+                costs[m.draft] = measure_cost_ratio(target, _load_draft(m.draft, draft_dtype), ids)
+            c = costs.get(m.draft, 0.0)
+            point["predicted"] = expected_speedup(conditional_acceptance(stats) or [0.0], m.k, c, verify)
+            point.update(cost_ratio=c, verify_cost=verify[m.k])
+        out.setdefault(family, []).append(point)
+    return out
+
+
+def _tune(args) -> int:
+    import torch
+
+    from . import load
+    from .bench import Method, run_bench, select_questions, summarize
+    from .metrics import SpecStats
+    from .models import resolve_dtype
+    from .prompts import chat_inputs
+    from .tuning import best_k, conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
+
+    if args.k_max < 1:
+        raise SystemExit("hf-spec: error: --k-max must be >= 1")
+    if not (args.drafter == "ngram" or (args.drafter.startswith("draft:") and len(args.drafter) > 6)):
+        raise SystemExit(f"hf-spec: error: unknown drafter {args.drafter!r}; use ngram or draft:MODEL")
+    questions = select_questions(None, args.categories.split(","), args.per_category)
+    if not questions:
+        raise SystemExit(f"hf-spec: error: no questions for categories {args.categories!r}")
+    dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype)
+    target, tok = load(args.target, dtype=dtype)
+    kind = "ngram" if args.drafter == "ngram" else "draft"
+    draft_name = None if kind == "ngram" else args.drafter[len("draft:"):]
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+
+    # 1. per-position acceptance at k = k_max (greedy)
+    log(f"measuring acceptance at k={args.k_max} on {len(questions)} prompts ...")
+    probe = Method(f"{args.drafter}@k={args.k_max}", kind, args.k_max, draft_name)
+    raw = run_bench(target, tok, [Method("baseline", "baseline"), probe], questions,
+                    max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype, progress=not args.json)
+    stats = SpecStats()
+    for p in raw["prompts"]:
+        stats.merge(p["runs"][probe.name]["stats"])
+    acceptance = conditional_acceptance(stats) or [0.0]
+    # 2. cost ratio c and 3. verify cost, on the first prompt's context
+    ids = chat_inputs(tok, questions[0].text)["input_ids"]
+    log("measuring draft cost and verify cost ...")
+    if kind == "draft":
+        from .bench import _load_draft
+
+        c = measure_cost_ratio(target, _load_draft(draft_name, draft_dtype), ids)
+    else:
+        c = 0.0  # a lookup in Python lists: microseconds against a forward of a model
+    verify = measure_verify_cost(target, ids, args.k_max + 1)
+    predicted = {k: expected_speedup(acceptance, k, c, verify) for k in range(1, args.k_max + 1)}
+    k_best, _ = best_k(acceptance, c, verify, args.k_max)
+    result = {"target": args.target, "drafter": args.drafter, "conditional_acceptance": acceptance,
+              "acceptance_rate": stats.acceptance_rate, "cost_ratio": c, "verify_cost": verify,
+              "predicted": predicted, "best_k": k_best, "measured": {}}
+    # 4. measured speedup at the best k and its neighbours
+    if not args.no_check:
+        ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= args.k_max})
+        log(f"measuring the speedup at k = {ks} ...")
+        methods = [Method("baseline", "baseline")] + [Method(f"{args.drafter}@k={k}", kind, k, draft_name) for k in ks]
+        raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+                        progress=not args.json)
+        summary = summarize(raw, methods, greedy=True)
+        for m in methods[1:]:
+            result["measured"][m.k] = {
+                "speedup_decode": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
+                "speedup_total": summary[m.name]["speedup_total"],
+                "speedup_median": summary[m.name]["speedup_median"],
+                "identical_fraction": summary[m.name]["identical_fraction"],
+            }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.target} + {args.drafter} on {len(questions)} prompts, {args.max_new_tokens} new tokens")
+    print("conditional acceptance by position: " + " ".join(f"{a:.2f}" for a in acceptance))
+    print(f"cost ratio c = {c:.3f}; verify cost T(n)/T(1) for n=1..{args.k_max + 1}: "
+          + " ".join(f"{v:.2f}" for v in verify))
+    print("| k | predicted | measured (decode) | measured (total) | identical |")
+    print("|---|---|---|---|---|")
+    for k, pred in predicted.items():
+        m = result["measured"].get(k)
+        meas = (f"{m['speedup_decode']:.2f}x | {m['speedup_total']:.2f}x | {m['identical_fraction']:.0%}" if m
+                else "- | - | -")
+        print(f"| {k}{' (best)' if k == k_best else ''} | {pred:.2f}x | {meas} |")
     return 0
 
 
@@ -176,6 +403,10 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "bench":
+            return _bench(args)
+        if args.command == "tune":
+            return _tune(args)
         if args.command == "provision":
             from .models import provision
 

@@ -42,6 +42,8 @@ class SpecStats:
     num_sequences: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    #: per draft position i: row-steps with a draft attempt whose first i drafted tokens were accepted
+    reached_per_position: list[int] = field(default_factory=list)
     k_per_step: list[int] = field(default_factory=list)
     ttft_s: float = 0.0
     total_s: float = 0.0
@@ -75,6 +77,10 @@ class SpecStats:
                 continue
             self.num_row_steps += 1
             self.num_emitted_tokens += len(emitted)
+            if event.step > 0 and event.num_speculative_tokens > 0:
+                self._grow(event.num_speculative_tokens)
+                for i in range(min(accepted + 1, event.num_speculative_tokens)):
+                    self.reached_per_position[i] += 1
             if drafted:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(drafted)
@@ -89,6 +95,7 @@ class SpecStats:
         while len(self.drafted_per_position) < n:
             self.drafted_per_position.append(0)
             self.accepted_per_position.append(0)
+            self.reached_per_position.append(0)
 
     # ---- derived values -------------------------------------------------------------------------
     @property
@@ -134,9 +141,11 @@ class SpecStats:
                      "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "draft_time_s", "verify_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self._grow(len(other.drafted_per_position))
-        for i, (a, d) in enumerate(zip(other.accepted_per_position, other.drafted_per_position)):
+        for i, (a, d, r) in enumerate(zip(other.accepted_per_position, other.drafted_per_position,
+                                          other.reached_per_position)):
             self.accepted_per_position[i] += a
             self.drafted_per_position[i] += d
+            self.reached_per_position[i] += r
         self.k_per_step += other.k_per_step
         self.policy_events += other.policy_events
         return self

@@ -14,9 +14,18 @@ On CPUs the verify cost is not flat (``docs/architecture.md``): pass the measure
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Callable, Sequence
 
-__all__ = ["expected_tokens_per_step", "expected_speedup", "best_k"]
+import torch
+from transformers import DynamicCache
+
+from .kernels import install_verify_linear, verify_linear
+from .ragged import crop_cache_to
+
+__all__ = ["expected_tokens_per_step", "expected_speedup", "best_k", "conditional_acceptance",
+           "measure_step_time", "measure_verify_cost", "measure_cost_ratio"]
 
 
 def _acceptance(acceptance: float | Sequence[float], k: int) -> list[float]:
@@ -88,3 +97,42 @@ def best_k(
     scores = [(expected_speedup(acceptance, k, cost_ratio, verify_cost), k) for k in range(1, k_max + 1)]
     speed, k = max(scores)
     return k, speed
+
+
+def conditional_acceptance(stats) -> list[float]:
+    """Per-position conditional acceptance a_i = P(draft token i accepted | tokens 1..i-1 accepted), from a
+    :class:`~hf_spec.metrics.SpecStats`; a position the drafter left empty counts as a rejection (so an
+    n-gram drafter that finds no match lowers a_1)."""
+    return [a / r if r else 0.0 for a, r in zip(stats.accepted_per_position, stats.reached_per_position)]
+
+
+@torch.no_grad()
+def measure_step_time(model, input_ids: torch.LongTensor, n: int = 1, repeats: int = 5) -> float:
+    """Median wall time (seconds) of one forward of ``model`` over ``n`` new positions after a cache holding
+    ``input_ids`` (``LongTensor[1, L]``): n = 1 is a decode step, n > 1 a verify forward. Runs inside
+    :func:`~hf_spec.kernels.verify_linear` for n > 1 on float32 CPU models, as the loop does."""
+    cache = DynamicCache(config=model.config)
+    model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    length = input_ids.shape[1]
+    if model.device.type == "cpu" and model.dtype == torch.float32:
+        install_verify_linear(model)
+    block = input_ids[:, -n:] if n <= length else input_ids[:, :1].repeat(1, n)
+    times = []
+    for _ in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        with verify_linear(n > 1):
+            model(input_ids=block, cache=cache, use_cache=True, logits_to_keep=n)
+        times.append(time.perf_counter() - t0)
+        crop_cache_to(cache, length)
+    return statistics.median(times[1:])
+
+
+def measure_verify_cost(model, input_ids: torch.LongTensor, n_max: int = 13, repeats: int = 5) -> list[float]:
+    """``[T_verify(n) / T_1 for n in 1..n_max]`` measured on this machine (the first entry is 1.0)."""
+    t1 = measure_step_time(model, input_ids, 1, repeats)
+    return [1.0] + [measure_step_time(model, input_ids, n, repeats) / t1 for n in range(2, n_max + 1)]
+
+
+def measure_cost_ratio(target, draft, input_ids: torch.LongTensor, repeats: int = 5) -> float:
+    """c: one draft decode step's time over one target decode step's time (same context)."""
+    return measure_step_time(draft, input_ids.to(draft.device), 1, repeats) / measure_step_time(target, input_ids, 1, repeats)

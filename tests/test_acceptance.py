@@ -75,12 +75,12 @@ def _chi2_pvalue(tokens, probs):
     return chisquare(obs.numpy(), exp.numpy()).pvalue
 
 
-def wrong_residual_rule(draft, q, p, generator=None):
+def wrong_residual_rule(draft, q, p, generator=None, num_drafted=None):
     """Accept like Algorithm 1, but resample from p instead of the residual max(p - q, 0)."""
-    n, nxt = speculative_sample(draft, q, p, generator)
+    n, nxt = speculative_sample(draft, q, p, generator, num_drafted)
     k = draft.shape[1]
     rows = torch.arange(draft.shape[0])
-    redo = n < k
+    redo = n < (k if num_drafted is None else num_drafted)
     nxt[redo] = torch.multinomial(p[rows[redo], n[redo]], 1).squeeze(1)
     return n, nxt
 

@@ -35,7 +35,26 @@ def test_generate_prompt_file_jsonl(tmp_path):
     assert len(json.loads(r.stdout)["rows"]) == 2
 
 
+def test_generate_batches_compare_json(tmp_path):
+    """--batch-size 3 over 4 prompts (batches of 3 and 1), one answer ending early on EOS."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "Say hello."}\n{"turns": ["Write a Python function that reverses a string."]}\n'
+                 '{"prompt": "List three colors."}\n{"prompt": "What is 2 + 2? Answer with a number only."}\n')
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "ngram", "-k", "3", "--max-new-tokens", "24",
+            "--prompt-file", str(f), "--chat", "--batch-size", "3", "--compare", "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["config"]["batch_size"] == 3 and len(out["rows"]) == 4
+    for row in out["rows"]:
+        assert row["identical_to_baseline"] is True
+        assert 0 < row["new_tokens"] <= 24 and 0.0 <= row["acceptance_rate"] <= 1.0
+    assert min(row["new_tokens"] for row in out["rows"]) < 24  # a row ended on EOS
+    assert out["speedup"] == pytest.approx(out["tokens_per_s"] / out["baseline_tokens_per_s"])
+
+
 @pytest.mark.parametrize("args,msg", [
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
     (["-k", "0"], "-k must be >= 1"),
     (["--prompt", "  "], "empty prompt"),
     (["--drafter", "medusa-ish"], "unknown drafter"),

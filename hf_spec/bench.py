@@ -1,0 +1,447 @@
+"""The benchmark harness: hf-spec's methods, plain decoding and transformers' own speculative decoding,
+side by side on Spec-Bench prompts in one process.
+
+Methods (``--methods``):
+
+- ``baseline``: plain ``model.generate``;
+- ``draft:NAME``: hf-spec with a draft model (``--draft-dtype``, bfloat16 by default);
+- ``ngram``: hf-spec's n-gram prompt lookup (n <= 3);
+- ``hf-assisted``: transformers' ``assistant_model=`` with the same draft model (a separate copy, same dtype),
+  fixed k (``num_assistant_tokens=k``, constant schedule, confidence threshold 0);
+- ``hf-prompt-lookup``: transformers' ``prompt_lookup_num_tokens=k`` with ``max_matching_ngram_size=3``.
+
+Methods run interleaved prompt by prompt (and repeat by repeat) after a warm-up, so machine drift hits all
+alike. Every method is timed the same way: wall time of the ``generate`` call, and a streamer's time stamps
+for the first token (TTFT) and for each target forward's tokens. hf-spec's acceptance comes from its
+statistics; transformers' from its candidate generators' draft lengths (recorded by wrapping
+``get_candidates``, which changes nothing) and the streamer's per-forward token counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import torch
+from transformers.generation import candidate_generator as hf_candidates
+from transformers.generation.streamers import BaseStreamer
+
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.ngram import NgramDrafter
+from .loop import generate as spec_generate
+from .metrics import SpecStats
+from .prompts import Question, chat_inputs, load_questions
+
+__all__ = ["Method", "parse_methods", "run_bench", "write_report", "summarize"]
+
+KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
+        "mean_accepted_length", "acceptance_by_position", "identical_fraction")
+
+
+@dataclass
+class Method:
+    """One benchmarked configuration.
+
+    Attributes:
+        name: the key in ``results.json`` (the ``--methods`` entry, with ``@k=K`` in a k sweep).
+        kind: ``baseline``, ``draft``, ``ngram``, ``hf-assisted`` or ``hf-prompt-lookup``.
+        k: num_speculative_tokens (None for the baseline).
+        draft: the draft model's short name (draft and hf-assisted).
+    """
+
+    name: str
+    kind: str
+    k: int | None = None
+    draft: str | None = None
+    kwargs: dict = field(default_factory=dict, repr=False)
+
+
+def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> list[Method]:
+    """Parse ``--methods`` (comma-separated) for one k or a sweep of ks.
+
+    Raises:
+        ValueError: an unknown method, ``hf-assisted`` without a draft model, an empty list, k < 1.
+    """
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"k must be >= 1, got {ks}")
+    drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
+    draft_name = draft_name or (drafts[0] if drafts else None)
+    out = [Method("baseline", "baseline")]
+    for n in names:
+        if n == "baseline":
+            continue
+        if n.startswith("medusa:"):
+            raise ValueError("medusa methods are not available yet (Medusa heads are a later issue)")
+        if n.startswith("draft:"):
+            kind, draft = "draft", n.split(":", 1)[1]
+            if not draft:
+                raise ValueError("draft:NAME needs a model name, e.g. draft:qwen2.5-coder-0.5b")
+        elif n in ("ngram", "hf-prompt-lookup"):
+            kind, draft = n, None
+        elif n == "hf-assisted":
+            if draft_name is None:
+                raise ValueError("hf-assisted needs a draft model: add draft:NAME to --methods or pass --draft NAME")
+            kind, draft = n, draft_name
+        else:
+            raise ValueError(f"unknown method {n!r}; use baseline, draft:NAME, ngram, hf-assisted, hf-prompt-lookup")
+        for k in ks:
+            out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, draft))
+    return out
+
+
+class _Timer(BaseStreamer):
+    """Time stamps of each ``put`` after the prompt's, and how many tokens each brought."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.times: list[float] = []
+        self.chunks: list[int] = []
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.chunks.append(int(value.numel()))
+
+    def end(self):
+        pass
+
+
+@contextlib.contextmanager
+def _count_hf_drafts(record: list[int]):
+    """Record the number of tokens each transformers candidate generator drafts (observation only)."""
+    classes = [hf_candidates.AssistedCandidateGenerator, hf_candidates.PromptLookupCandidateGenerator]
+    originals = {c: c.__dict__["get_candidates"] for c in classes}
+
+    def wrap(original):
+        def get_candidates(self, input_ids, *args, **kwargs):
+            out = original(self, input_ids, *args, **kwargs)
+            record.append(int(out[0].shape[1] - input_ids.shape[1]))
+            return out
+        return get_candidates
+
+    for c, f in originals.items():
+        c.get_candidates = wrap(f)
+    try:
+        yield
+    finally:
+        for c, f in originals.items():
+            c.get_candidates = f
+
+
+def _hf_stats(chunks: list[int], drafted: list[int]) -> SpecStats:
+    """Acceptance statistics of a transformers run: one chunk of tokens per target forward; the first
+    forward of assisted generation already verifies a draft."""
+    stats = SpecStats()
+    for i, (emitted, nd) in enumerate(zip(chunks, drafted)):
+        accepted = max(0, min(emitted - 1, nd))
+        stats.num_row_steps += 1
+        stats.num_emitted_tokens += emitted
+        if nd:
+            stats.num_drafts += 1
+            stats.num_draft_tokens += nd
+            stats.num_accepted_tokens += accepted
+            stats._grow(nd)
+            for j in range(nd):
+                stats.drafted_per_position[j] += 1
+            for j in range(accepted):
+                stats.accepted_per_position[j] += 1
+    return stats
+
+
+def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, seed: int) -> dict:
+    timer = _Timer()
+    record: list[int] = []
+    kwargs = dict(gen_kwargs)
+    if method.kind == "baseline":
+        kwargs["streamer"] = timer
+    elif method.kind in ("draft", "ngram"):
+        kwargs.update(custom_generate=spec_generate, drafter=drafters[method.name], spec_streamer=timer)
+    elif method.kind == "hf-assisted":
+        kwargs.update(assistant_model=hf_draft, num_assistant_tokens=method.k,
+                      num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0, streamer=timer)
+    elif method.kind == "hf-prompt-lookup":
+        kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
+    torch.manual_seed(seed)
+    with _count_hf_drafts(record):
+        t0 = time.perf_counter()
+        out = model.generate(**inputs, **kwargs)
+        total = time.perf_counter() - t0
+    sequences = out.sequences if hasattr(out, "sequences") else out
+    tokens = sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    n = len(tokens)
+    ttft = timer.times[0] - t0 if timer.times else total
+    row = {"new_tokens": n, "total_s": total, "ttft_s": ttft, "tpot_s": (total - ttft) / (n - 1) if n > 1 else 0.0,
+           "tokens_per_s": n / total, "tokens": tokens}
+    if method.kind in ("draft", "ngram"):
+        row["stats"] = out.stats
+    elif method.kind.startswith("hf-"):
+        row["stats"] = _hf_stats(timer.chunks, record)
+    return row
+
+
+def _load_draft(name: str, dtype):
+    from .models import load
+
+    model, _ = load(name, dtype=dtype)
+    return model
+
+
+def run_bench(
+    target,
+    tokenizer,
+    methods: list[Method],
+    questions: list[Question],
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    draft_dtype=torch.bfloat16,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Run every method on every question, interleaved, and return per-prompt measurements.
+
+    Args:
+        target, tokenizer: the target model and its tokenizer.
+        methods: from :func:`parse_methods` (``baseline`` first).
+        questions: prompts (turn 1 goes through the chat template).
+        max_new_tokens, temperature: generation settings (temperature 0 = greedy).
+        repeats: runs per prompt and method; the median run (by total time) is kept.
+        draft_dtype: dtype of draft models.
+
+    Returns:
+        ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
+
+    Raises:
+        ValueError: no questions, or repeats < 1.
+    """
+    from tqdm import tqdm
+
+    if not questions:
+        raise ValueError("no questions selected: check --categories / --questions")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    draft_models = {m.draft: None for m in methods if m.kind == "draft"}
+    for name in draft_models:
+        draft_models[name] = _load_draft(name, draft_dtype)
+    hf_draft = None
+    hf_names = {m.draft for m in methods if m.kind == "hf-assisted"}
+    if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
+        hf_draft = _load_draft(hf_names.pop(), draft_dtype)
+    drafters = {}
+    for m in methods:
+        if m.kind == "draft":
+            drafters[m.name] = DraftModelDrafter(draft_models[m.draft], m.k)
+        elif m.kind == "ngram":
+            drafters[m.name] = NgramDrafter(m.k)
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
+    gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
+
+    warm = chat_inputs(tokenizer, "Write one sentence about the sea.")
+    for m in methods:  # one-time costs (allocations, kernels) land on nobody's measurement
+        _run_once(target, m, warm, dict(gen_kwargs, max_new_tokens=8), drafters, hf_draft, seed)
+
+    prompts = []
+    bar = tqdm(total=len(questions) * len(methods) * repeats, desc="bench", disable=not progress)
+    for qi, q in enumerate(questions):
+        inputs = chat_inputs(tokenizer, q.text)
+        runs: dict[str, list] = {m.name: [] for m in methods}
+        for _ in range(repeats):
+            for m in methods:
+                runs[m.name].append(_run_once(target, m, inputs, gen_kwargs, drafters, hf_draft, seed + qi))
+                bar.update()
+        kept = {name: sorted(rs, key=lambda r: r["total_s"])[len(rs) // 2] for name, rs in runs.items()}
+        prompts.append({"question_id": q.question_id, "category": q.category,
+                        "prompt_tokens": int(inputs["input_ids"].shape[1]), "runs": kept})
+    bar.close()
+    return {"prompts": prompts}
+
+
+def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
+    base = [p["runs"]["baseline"] for p in prompts]
+    mine = [p["runs"][name] for p in prompts]
+    ratios = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(mine, base)]
+    tok, sec = sum(m["new_tokens"] for m in mine), sum(m["total_s"] for m in mine)
+    btok, bsec = sum(b["new_tokens"] for b in base), sum(b["total_s"] for b in base)
+    out = {
+        "speedup_median": statistics.median(ratios),
+        "speedup_total": (tok / sec) / (btok / bsec),
+        "tokens_per_s": tok / sec,
+        "ttft_s": statistics.median(m["ttft_s"] for m in mine),
+        "tpot_s": statistics.median(m["tpot_s"] for m in mine),
+        "total_s": sec,
+        "acceptance_rate": None,
+        "mean_accepted_length": None,
+        "acceptance_by_position": [],
+        "identical_fraction": (sum(m["tokens"] == b["tokens"] for m, b in zip(mine, base)) / len(mine)
+                               if greedy else None),
+    }
+    stats = [m["stats"] for m in mine if "stats" in m]
+    if stats:
+        total = SpecStats()
+        for s in stats:
+            total.merge(s)
+        out.update(acceptance_rate=total.acceptance_rate, mean_accepted_length=_tokens_per_forward(total),
+                   acceptance_by_position=total.acceptance_by_position)
+    return out
+
+
+def _tokens_per_forward(stats: SpecStats) -> float:
+    """Tokens per verifying forward, bonus included (hf-spec: prefill excluded; transformers' first forward
+    already verifies a draft, so all of its forwards count)."""
+    return stats.mean_accepted_length if stats.num_sequences else (
+        stats.num_emitted_tokens / stats.num_row_steps if stats.num_row_steps else 0.0)
+
+
+def summarize(raw: dict, methods: list[Method], greedy: bool) -> dict:
+    """Per method, overall and per category: the ``KEYS`` values (baseline included, speedup 1.0)."""
+    prompts = raw["prompts"]
+    cats = list(dict.fromkeys(p["category"] for p in prompts))
+    out = {}
+    for m in methods:
+        entry = _aggregate(prompts, m.name, greedy)
+        entry["k"] = m.k
+        entry["per_category"] = {c: _aggregate([p for p in prompts if p["category"] == c], m.name, greedy) for c in cats}
+        out[m.name] = entry
+    return out
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_table(summary: dict) -> str:
+    """One row per method: ``| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |``."""
+    lines = ["| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        lines.append(
+            f"| {name} | {m['ttft_s']:.2f} s | {m['tpot_s'] * 1000:.0f} ms | {m['total_s']:.1f} s | "
+            f"{m['tokens_per_s']:.2f} | {m['speedup_median']:.2f}x (total {m['speedup_total']:.2f}x) | "
+            f"{_fmt(m['acceptance_rate'], '.1%')} | {_fmt(m['mean_accepted_length'], '.2f')} | "
+            f"{_fmt(m['identical_fraction'], '.0%')} |")
+    return "\n".join(lines)
+
+
+def _plots(summary: dict, out: Path, prediction: dict | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    names = [n for n in summary if n != "baseline"]
+    cats = list(next(iter(summary.values()))["per_category"])
+    fig, ax = plt.subplots(figsize=(max(6, len(cats) * 0.9), 4))
+    width = 0.8 / max(1, len(names))
+    for i, n in enumerate(names):
+        vals = [summary[n]["per_category"][c]["speedup_median"] for c in cats]
+        ax.bar([j + i * width for j in range(len(cats))], vals, width, label=n)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=45, ha="right")
+    ax.set_ylabel("speedup over plain decoding (median)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_by_category.png", dpi=110)
+    plt.close(fig)
+    files.append("speedup_by_category.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        acc = summary[n]["acceptance_by_position"]
+        if acc:
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=n)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=110)
+    plt.close(fig)
+    files.append("acceptance_by_position.png")
+
+    if prediction:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for family, pts in prediction.items():
+            ks = [p["k"] for p in pts]
+            line = ax.plot(ks, [p["measured"] for p in pts], marker="o", label=f"{family} measured")[0]
+            if all(p.get("predicted") is not None for p in pts):
+                ax.plot(ks, [p["predicted"] for p in pts], ls="--", color=line.get_color(), label=f"{family} predicted")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xlabel("k (num_speculative_tokens)")
+        ax.set_ylabel("speedup (decode phase, TPOT ratio)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "speedup_vs_k.png", dpi=110)
+        plt.close(fig)
+        files.append("speedup_vs_k.png")
+    return files
+
+
+def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, prediction: dict | None = None) -> Path:
+    """Write ``results.json``, ``results.md`` and the PNG plots into ``out_dir`` (all or nothing: files are
+    written to a temporary folder beside it and moved in at the end)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir.parent))
+    try:
+        per_prompt = [{k: v for k, v in p.items() if k != "runs"} | {
+            "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")} for n, r in p["runs"].items()}}
+            for p in raw["prompts"]]
+        result = {"config": config, "methods": summary, "prompts": per_prompt}
+        if prediction:
+            result["speedup_vs_k"] = prediction
+        (tmp / "results.json").write_text(json.dumps(result, indent=2))
+        md = [f"# hf-spec bench: {config['target']}", "",
+              f"{config['date']}, commit {config['commit']}, {config['machine']}, {config['threads']} threads; "
+              f"{config['num_prompts']} prompts, {config['max_new_tokens']} new tokens, "
+              f"temperature {config['temperature']}, dtype {config['dtype']}, draft dtype {config['draft_dtype']}.",
+              "", markdown_table(summary), ""]
+        (tmp / "results.md").write_text("\n".join(md))
+        _plots(summary, tmp, prediction)
+        out_dir.mkdir(exist_ok=True)
+        for f in tmp.iterdir():
+            f.replace(out_dir / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def machine_config() -> dict:
+    """Date, commit, CPU and library versions for a report."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import transformers
+
+    return {"date": str(date.today()), "commit": commit, "machine": cpu, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def select_questions(path=None, categories=None, per_category: int | None = 2) -> list[Question]:
+    """Spec-Bench (or ``path``) first turns: ``per_category`` of each of ``categories`` (default all)."""
+    return load_questions(path, categories=categories, per_category=per_category)

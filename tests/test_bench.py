@@ -1,0 +1,85 @@
+"""The benchmark harness and the tune command on SmolLM2 with tiny settings (mechanics and output shape
+only: no timing assertions)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hf_spec.bench import KEYS, parse_methods, write_report
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "hf_spec.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+def test_parse_methods():
+    ms = parse_methods("baseline,draft:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", [3])
+    assert [m.name for m in ms] == ["baseline", "draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup"]
+    assert {m.k for m in ms[1:]} == {3} and ms[3].draft == "smollm2-135m"
+    sweep = parse_methods("ngram", [1, 2])
+    assert [m.name for m in sweep] == ["baseline", "ngram@k=1", "ngram@k=2"]
+    for bad, msg in [("hf-assisted", "needs a draft model"), ("foo", "unknown method"), ("", "empty"),
+                     ("medusa:/x", "not available yet"), ("draft:", "needs a model name")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_methods(bad, [3])
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        parse_methods("ngram", [0])
+
+
+def test_failed_report_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(Exception):
+        write_report(out, {"target": "x"}, {"baseline": {}}, {"prompts": []})  # incomplete config and summary
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_bench_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    r = run("bench", "--target", "smollm2-135m", "--methods",
+            "baseline,draft:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2",
+            "--categories", "coding,qa", "--per-category", "1", "--max-new-tokens", "12", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["num_prompts"] == 2 and res["config"]["categories"] == ["coding", "qa"]
+    names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup")
+                            for k in (1, 2)]
+    assert list(res["methods"]) == names
+    for name, m in res["methods"].items():
+        for key in KEYS:
+            assert key in m, (name, key)
+        assert set(m["per_category"]) == {"coding", "qa"}
+        assert m["identical_fraction"] == 1.0, name  # greedy: every method reproduces plain decoding
+    assert res["methods"]["baseline"]["speedup_median"] == 1.0
+    for name in names[1:]:
+        m = res["methods"][name]
+        assert 0.0 <= m["acceptance_rate"] <= 1.0 and m["mean_accepted_length"] >= 1.0
+        assert len(m["acceptance_by_position"]) <= int(name[-1])
+    # a draft identical to the target accepts everything
+    assert res["methods"]["draft:smollm2-135m@k=2"]["acceptance_rate"] > 0.9
+    assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup"}
+    assert all(p["predicted"] is not None for p in res["speedup_vs_k"]["draft:smollm2-135m"])
+    md = (out / "results.md").read_text()
+    assert "| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |" in md
+    for png in ("speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_k.png"):
+        assert (out / png).stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_tune_end_to_end():
+    r = run("tune", "--target", "smollm2-135m", "--drafter", "draft:smollm2-135m", "--k-max", "3",
+            "--categories", "coding", "--max-new-tokens", "12", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert len(res["conditional_acceptance"]) == 3 and all(0 <= a <= 1 for a in res["conditional_acceptance"])
+    assert len(res["verify_cost"]) == 4 and res["verify_cost"][0] == 1.0 and res["cost_ratio"] > 0
+    assert set(res["predicted"]) == {"1", "2", "3"} and 1 <= res["best_k"] <= 3
+    assert res["measured"] and str(res["best_k"]) in res["measured"]
+    assert all(m["identical_fraction"] == 1.0 for m in res["measured"].values())
+
+
+def test_bench_bad_input():
+    r = run("bench", "--target", "smollm2-135m", "--methods", "baseline,warp-drive", "--out", "/tmp/never")
+    assert r.returncode == 2 and "unknown method" in r.stderr and "Traceback" not in r.stderr
