@@ -171,8 +171,10 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     elif method.kind in ("draft", "ngram"):
         kwargs.update(custom_generate=spec_generate, drafter=drafters[method.name], spec_streamer=timer)
     elif method.kind == "hf-assisted":
-        kwargs.update(assistant_model=hf_draft, num_assistant_tokens=method.k,
-                      num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0, streamer=timer)
+        # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
+        hf_draft.generation_config.update(num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant",
+                                          assistant_confidence_threshold=0.0)
+        kwargs.update(assistant_model=hf_draft, streamer=timer)
     elif method.kind == "hf-prompt-lookup":
         kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
     torch.manual_seed(seed)

@@ -256,6 +256,10 @@ def _bench(args) -> int:
 
     ks = args.k_sweep or [args.k if args.k is not None else 5]
     methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
+    try:
+        import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)
+    except ImportError:
+        raise SystemExit("hf-spec: error: hf-spec bench needs matplotlib: pip install 'hf-spec[bench]'")
     if args.max_new_tokens < 1 or args.per_category < 1 or args.repeats < 1:
         raise SystemExit("hf-spec: error: --max-new-tokens, --per-category and --repeats must be >= 1")
     if args.temperature < 0:
