@@ -10,7 +10,7 @@ from .conftest import tiny_llama
 def test_verify_linear_matches_f_linear_and_is_gated():
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 1024)
-    ref = {m: lin(torch.ones(m, 1024)) for m in (1, 3, 16, 40)}
+    ref = {m: lin(torch.ones(m, 1024)) for m in (1, 3, 16, 200)}
     assert install_verify_linear(torch.nn.Sequential(lin)) == 1
     calls = []
     orig_mm = torch.mm
@@ -26,13 +26,13 @@ def test_verify_linear_matches_f_linear_and_is_gated():
         assert calls == []  # outside the block: exactly F.linear
         with verify_linear():
             inside = lin(x)
-            lin(torch.randn(40, 1024))  # more than 16 rows: F.linear
+            lin(torch.randn(200, 1024))  # more than 128 rows: F.linear
             lin(torch.randn(1, 1024))   # one row: F.linear
         assert len(calls) == 1
     finally:
         torch.mm = orig_mm
     torch.testing.assert_close(inside, outside, rtol=1e-5, atol=1e-5)
-    assert torch.equal(lin(torch.ones(40, 1024)), ref[40])
+    assert torch.equal(lin(torch.ones(200, 1024)), ref[200])
 
 
 def test_subclasses_of_linear_are_left_alone():
