@@ -347,7 +347,7 @@ def _tune(args) -> int:
     # 1. per-position acceptance at k = k_max (greedy)
     log(f"measuring acceptance at k={args.k_max} on {len(questions)} prompts ...")
     probe = Method(f"{args.drafter}@k={args.k_max}", kind, args.k_max, draft_name)
-    raw = run_bench(target, tok, [Method("baseline", "baseline"), probe], questions,
+    raw = run_bench(target, tok, [probe], questions,
                     max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype, progress=not args.json)
     stats = SpecStats()
     for p in raw["prompts"]:

@@ -76,6 +76,16 @@ def tiny_llama(vocab_size=32, seed=0, hidden=32, layers=2):
     return model
 
 
+def tiny_pair():
+    """A tiny random target and a draft that mostly agrees with it (the target's weights, perturbed)."""
+    target = tiny_llama(seed=0)
+    draft = tiny_llama(seed=0)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return target, draft
+
+
 def first_divergence(a: torch.Tensor, b: torch.Tensor, start: int) -> int | None:
     """Index (absolute) of the first position >= start where the token rows a[0], b[0] differ, or None
     when one is a prefix of the other and they have the same length."""

@@ -14,7 +14,7 @@ import hf_spec
 import hf_spec.loop
 from hf_spec.ragged import RaggedCache
 
-from .conftest import tiny_llama
+from .conftest import tiny_llama, tiny_pair
 from .test_acceptance import wrong_residual_rule
 from .test_sampling_exact import pvalue
 
@@ -129,11 +129,7 @@ def test_batched_sampling_test_fails_for_a_wrong_rule(pair, monkeypatch):
 
 def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
     """Tiny-model mechanics: rows of different lengths, one ending early on EOS, several k."""
-    target = tiny_llama(seed=0)
-    draft = tiny_llama(seed=0)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.02 * torch.randn_like(p))
+    target, draft = tiny_pair()
     prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 7], [0, 11, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9], [0, 3, 3]]
     ids, mask = left_pad(prompts)
     # an extra EOS token that row 1 emits early, so that rows end at different steps

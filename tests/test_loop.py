@@ -9,18 +9,12 @@ from transformers.generation.streamers import BaseStreamer
 import hf_spec
 from hf_spec.ragged import crop_cache_to
 
-from .conftest import first_divergence, tiny_llama, top2_gap, TIE_BOUND
+from .conftest import first_divergence, tiny_llama, tiny_pair, top2_gap, TIE_BOUND
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    target = tiny_llama(seed=0)
-    # a draft that mostly agrees: the target with slightly perturbed weights
-    draft = tiny_llama(seed=0)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    return target, draft
+    return tiny_pair()
 
 
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
