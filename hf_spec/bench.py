@@ -39,9 +39,9 @@ from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
 from .loop import generate as spec_generate
 from .metrics import SpecStats
-from .prompts import Question, chat_inputs, load_questions
+from .prompts import Question, chat_inputs
 
-__all__ = ["Method", "parse_methods", "run_bench", "write_report", "summarize"]
+__all__ = ["Method", "parse_methods", "run_bench", "write_report", "summarize", "markdown_table", "machine_config"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
         "mean_accepted_length", "acceptance_by_position", "identical_fraction")
@@ -339,13 +339,18 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _plots(summary: dict, out: Path, prediction: dict | None) -> list[str]:
+def _plots(summary: dict, out: Path, prediction: dict | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    files = []
+    def save(fig, ax, name: str) -> None:
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+
     names = [n for n in summary if n != "baseline"]
     cats = list(next(iter(summary.values()))["per_category"])
     fig, ax = plt.subplots(figsize=(max(6, len(cats) * 0.9), 4))
@@ -356,11 +361,7 @@ def _plots(summary: dict, out: Path, prediction: dict | None) -> list[str]:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=45, ha="right")
     ax.set_ylabel("speedup over plain decoding (median)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_by_category.png", dpi=110)
-    plt.close(fig)
-    files.append("speedup_by_category.png")
+    save(fig, ax, "speedup_by_category.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for n in names:
@@ -370,11 +371,7 @@ def _plots(summary: dict, out: Path, prediction: dict | None) -> list[str]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=110)
-    plt.close(fig)
-    files.append("acceptance_by_position.png")
+    save(fig, ax, "acceptance_by_position.png")
 
     if prediction:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -386,12 +383,7 @@ def _plots(summary: dict, out: Path, prediction: dict | None) -> list[str]:
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xlabel("k (num_speculative_tokens)")
         ax.set_ylabel("speedup (decode phase, TPOT ratio)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "speedup_vs_k.png", dpi=110)
-        plt.close(fig)
-        files.append("speedup_vs_k.png")
-    return files
+        save(fig, ax, "speedup_vs_k.png")
 
 
 def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, prediction: dict | None = None) -> Path:
@@ -442,8 +434,3 @@ def machine_config() -> dict:
 
     return {"date": str(date.today()), "commit": commit, "machine": cpu, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def select_questions(path=None, categories=None, per_category: int | None = 2) -> list[Question]:
-    """Spec-Bench (or ``path``) first turns: ``per_category`` of each of ``categories`` (default all)."""
-    return load_questions(path, categories=categories, per_category=per_category)

@@ -116,10 +116,10 @@ def _read_prompts(args) -> list[str]:
     return [text]
 
 
-def _new_length(tokens: list[int], eos) -> int:
-    """Generated tokens of one batch row: up to and including its first EOS (the rest is padding)."""
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    return next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+def _check_drafter(spec: str, plain: tuple[str, ...]) -> None:
+    """Refuse a --drafter value that is neither one of ``plain`` nor ``draft:MODEL``, before loading models."""
+    if not (spec in plain or (spec.startswith("draft:") and len(spec) > len("draft:"))):
+        raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use {', '.join(plain)} or draft:MODEL")
 
 
 def _make_drafter(spec: str, k: int, dtype, tokenizer):
@@ -140,6 +140,7 @@ def _generate(args) -> int:
 
     from . import generate as spec_generate
     from . import load
+    from .loop import generated_length
     from .models import resolve_dtype
     from .prompts import chat_inputs
 
@@ -153,8 +154,7 @@ def _generate(args) -> int:
         raise SystemExit("hf-spec: error: --temperature must be >= 0 (0 decodes greedily)")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise SystemExit("hf-spec: error: --top-p must be in (0, 1]")
-    if not (args.drafter in ("none", "ngram") or (args.drafter.startswith("draft:") and len(args.drafter) > 6)):
-        raise SystemExit(f"hf-spec: error: unknown drafter {args.drafter!r}; use none, ngram or draft:MODEL")
+    _check_drafter(args.drafter, ("none", "ngram"))
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype)
     model, tokenizer = load(args.target, dtype=dtype)
@@ -178,7 +178,7 @@ def _generate(args) -> int:
     rows, spec_s, base_s = [], 0.0, 0.0
     for first in range(0, len(prompts), args.batch_size):
         texts = prompts[first:first + args.batch_size]
-        inputs = chat_inputs(tokenizer, texts if len(texts) > 1 else texts[0], args.chat)
+        inputs = chat_inputs(tokenizer, texts, args.chat)
         prompt_len = inputs["input_ids"].shape[1]
         torch.manual_seed(args.seed)
         out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, **gen_kwargs)
@@ -206,7 +206,7 @@ def _generate(args) -> int:
             }
             if args.compare:
                 base_row = base[b, prompt_len:]
-                base_new = _new_length(base_row.tolist(), model.generation_config.eos_token_id)
+                base_new = generated_length(base_row.tolist(), model.generation_config.eos_token_id)
                 row["baseline_new_tokens"] = base_new
                 row["identical_to_baseline"] = bool(torch.equal(base_row[:base_new], new)) and base_new == stats.new_tokens
                 if len(texts) == 1:
@@ -251,7 +251,8 @@ def _generate(args) -> int:
 
 def _bench(args) -> int:
     from . import load
-    from .bench import machine_config, parse_methods, run_bench, select_questions, summarize, write_report
+    from .bench import machine_config, parse_methods, run_bench, summarize, write_report
+    from .prompts import load_questions
     from .models import resolve_dtype
 
     ks = args.k_sweep or [args.k if args.k is not None else 5]
@@ -265,7 +266,7 @@ def _bench(args) -> int:
     if args.temperature < 0:
         raise SystemExit("hf-spec: error: --temperature must be >= 0")
     cats = args.categories.split(",") if args.categories else None
-    questions = select_questions(args.questions, cats, args.per_category)
+    questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
     if not questions:
         raise SystemExit(f"hf-spec: error: no questions for categories {args.categories!r}")
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype)
@@ -322,20 +323,17 @@ def _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype
 
 
 def _tune(args) -> int:
-    import torch
-
     from . import load
-    from .bench import Method, run_bench, select_questions, summarize
+    from .bench import Method, run_bench, summarize
     from .metrics import SpecStats
     from .models import resolve_dtype
-    from .prompts import chat_inputs
+    from .prompts import chat_inputs, load_questions
     from .tuning import best_k, conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
 
     if args.k_max < 1:
         raise SystemExit("hf-spec: error: --k-max must be >= 1")
-    if not (args.drafter == "ngram" or (args.drafter.startswith("draft:") and len(args.drafter) > 6)):
-        raise SystemExit(f"hf-spec: error: unknown drafter {args.drafter!r}; use ngram or draft:MODEL")
-    questions = select_questions(None, args.categories.split(","), args.per_category)
+    _check_drafter(args.drafter, ("ngram",))
+    questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
         raise SystemExit(f"hf-spec: error: no questions for categories {args.categories!r}")
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype)

@@ -27,10 +27,10 @@ from .drafters.base import Drafter, check_num_speculative_tokens
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
-from .processors import process_scores
+from .processors import process_scores, reads_sequences
 from .ragged import RaggedCache
 
-__all__ = ["generate", "SpeculativeOutput", "speculative_decode"]
+__all__ = ["generate", "SpeculativeOutput", "speculative_decode", "generated_length"]
 
 
 @dataclass
@@ -163,7 +163,6 @@ def speculative_decode(
     input_ids = input_ids.to(device)
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
-    max_length = generation_config.max_length
     listeners = [stats := SpecStats()] + list(event_listeners or [])
     if drafter is not None:
         if num_speculative_tokens is not None:
@@ -223,7 +222,8 @@ def speculative_decode(
         t_draft = time.perf_counter()
         k_asked = drafter.num_speculative_tokens if drafter is not None else 0
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
-        budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
+        budget = torch.tensor([drafter.budget(rows[b][None]) if drafter is not None else 0 for b in active],
+                              device=device)
         k_step = int(budget.max())
         if k_step > 0:
             drafts, num_drafted, draft_scores = drafter.draft([rows[b][pad_len[b]:] for b in active], k_step)
@@ -236,13 +236,16 @@ def speculative_decode(
         last = torch.stack([rows[b][-1] for b in active])[:, None]
         block = torch.cat([last, drafts], dim=1)
         cols = torch.arange(k + 1, device=device)
-        before = ragged.lengths.clone()
+        before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
             out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1)
         logits = out.logits[:, -(k + 1):].float()
-        target_scores = logits if len(logits_processor) == 0 else torch.stack(
-            [process_scores(logits_processor, [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
-                            logits[:, j]) for j in range(k + 1)], dim=1)
+        if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all positions in one call
+            target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
+        else:
+            target_scores = torch.stack(
+                [process_scores(logits_processor, [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
+                                logits[:, j]) for j in range(k + 1)], dim=1)
         if do_sample:
             q = draft_scores.to(device).float().softmax(dim=-1) if draft_scores is not None else None
             num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
@@ -283,6 +286,14 @@ def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTens
     if bool((pads == mask.shape[1]).any()):
         raise ValueError("empty prompt: a batch row is all padding; give every row at least one token")
     return pads.tolist()
+
+
+def generated_length(tokens: list[int], eos_token_id) -> int:
+    """How many of one output row's new ``tokens`` were generated: up to and including its first EOS
+    (what follows is padding, as in transformers' batched ``generate``)."""
+    eos = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else
+              [eos_token_id] if eos_token_id is not None else [])
+    return next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
 
 
 def _right_pad(rows: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:

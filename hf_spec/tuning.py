@@ -25,7 +25,7 @@ from .kernels import install_verify_linear, verify_linear
 from .ragged import crop_cache_to
 
 __all__ = ["expected_tokens_per_step", "expected_speedup", "best_k", "conditional_acceptance",
-           "measure_step_time", "measure_verify_cost", "measure_cost_ratio"]
+           "measure_forward_times", "measure_verify_cost", "measure_cost_ratio"]
 
 
 def _acceptance(acceptance: float | Sequence[float], k: int) -> list[float]:
@@ -107,32 +107,39 @@ def conditional_acceptance(stats) -> list[float]:
 
 
 @torch.no_grad()
-def measure_step_time(model, input_ids: torch.LongTensor, n: int = 1, repeats: int = 5) -> float:
-    """Median wall time (seconds) of one forward of ``model`` over ``n`` new positions after a cache holding
-    ``input_ids`` (``LongTensor[1, L]``): n = 1 is a decode step, n > 1 a verify forward. Runs inside
-    :func:`~hf_spec.kernels.verify_linear` for n > 1 on float32 CPU models, as the loop does."""
+def measure_forward_times(
+    model, input_ids: torch.LongTensor, positions: Sequence[int], repeats: int = 5, use_verify_linear: bool = True
+) -> dict[int, float]:
+    """Median wall time (seconds) of one forward of ``model`` over n new positions after a cache holding
+    ``input_ids`` (``LongTensor[1, L]``, prefilled once), for each n in ``positions``: n = 1 is a decode step,
+    n > 1 a verify forward. With ``use_verify_linear`` (float32 CPU models), n > 1 runs inside
+    :func:`~hf_spec.kernels.verify_linear`, as the loop does; without, through torch's ``F.linear``."""
     cache = DynamicCache(config=model.config)
     model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
     length = input_ids.shape[1]
     if model.device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)
-    block = input_ids[:, -n:] if n <= length else input_ids[:, :1].repeat(1, n)
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up
-        t0 = time.perf_counter()
-        with verify_linear(n > 1):
-            model(input_ids=block, cache=cache, use_cache=True, logits_to_keep=n)
-        times.append(time.perf_counter() - t0)
-        crop_cache_to(cache, length)
-    return statistics.median(times[1:])
+    times = {}
+    for n in positions:
+        block = input_ids[:, -n:] if n <= length else input_ids[:, :1].repeat(1, n)
+        runs = []
+        for _ in range(repeats + 1):  # the first run warms up
+            t0 = time.perf_counter()
+            with verify_linear(use_verify_linear and n > 1):
+                model(input_ids=block, cache=cache, use_cache=True, logits_to_keep=n)
+            runs.append(time.perf_counter() - t0)
+            crop_cache_to(cache, length)
+        times[n] = statistics.median(runs[1:])
+    return times
 
 
 def measure_verify_cost(model, input_ids: torch.LongTensor, n_max: int = 13, repeats: int = 5) -> list[float]:
     """``[T_verify(n) / T_1 for n in 1..n_max]`` measured on this machine (the first entry is 1.0)."""
-    t1 = measure_step_time(model, input_ids, 1, repeats)
-    return [1.0] + [measure_step_time(model, input_ids, n, repeats) / t1 for n in range(2, n_max + 1)]
+    times = measure_forward_times(model, input_ids, range(1, n_max + 1), repeats)
+    return [times[n] / times[1] for n in range(1, n_max + 1)]
 
 
 def measure_cost_ratio(target, draft, input_ids: torch.LongTensor, repeats: int = 5) -> float:
     """c: one draft decode step's time over one target decode step's time (same context)."""
-    return measure_step_time(draft, input_ids.to(draft.device), 1, repeats) / measure_step_time(target, input_ids, 1, repeats)
+    t_draft = measure_forward_times(draft, input_ids.to(draft.device), [1], repeats)[1]
+    return t_draft / measure_forward_times(target, input_ids, [1], repeats)[1]

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 import hf_spec
+from hf_spec.loop import generated_length
 from hf_spec.prompts import chat_inputs, load_questions
 
 CATEGORIES = ["coding", "writing", "math", "qa", "translation", "extraction", "stem", "roleplay",
@@ -37,13 +38,6 @@ def make_drafter(spec: str, k: int):
         draft, _ = hf_spec.load(spec[len("draft:"):], dtype=torch.bfloat16)
         return hf_spec.DraftModelDrafter(draft, k)
     raise SystemExit(f"unknown drafter {spec!r}: use ngram or draft:NAME")
-
-
-def row_lengths(seq: torch.LongTensor, prompt_len: int, eos: set[int]) -> list[int]:
-    out = []
-    for row in seq[:, prompt_len:].tolist():
-        out.append(next((i + 1 for i, t in enumerate(row) if t in eos), len(row)))
-    return out
 
 
 def main() -> None:
@@ -60,7 +54,6 @@ def main() -> None:
 
     target, tok = hf_spec.load(args.target, dtype=args.dtype)
     eos = target.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
     drafters = {spec: make_drafter(spec, args.k) for spec in args.drafters.split(",")}
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     questions = [q for q in load_questions(categories=CATEGORIES) if len(q.text) < 1500]
@@ -88,7 +81,7 @@ def main() -> None:
             t0 = time.perf_counter()
             base = target.generate(**inputs, **gen)
             dt = time.perf_counter() - t0
-            base_len = row_lengths(base, plen, eos)
+            base_len = [generated_length(row, eos) for row in base[:, plen:].tolist()]
             runs["plain"].append(sum(base_len) / dt)
             bar.update()
             for spec, d in drafters.items():
@@ -123,7 +116,7 @@ def main() -> None:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config": config, "results": results}, indent=2))
     tmp.replace(out)
-    print(f"| B | plain tok/s | " + " | ".join(f"{s} tok/s | speedup | acceptance" for s in drafters) + " |")
+    print("| B | plain tok/s | " + " | ".join(f"{s} tok/s | speedup | acceptance" for s in drafters) + " |")
     for e in results:
         cells = [f"{e['batch_size']}", f"{e['plain_tokens_per_s']:.2f}"]
         for s in drafters:
