@@ -5,7 +5,8 @@ Public names only; see the user guide in ``docs/``.
 
 from .acceptance import greedy_accept, speculative_sample
 from .assisted import enable_drafters
-from .drafters import Drafter, DraftModelDrafter, NgramDrafter, VocabularyMismatchError
+from .drafters import Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VocabularyMismatchError
+from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
 from .events import StepEvent
 from .loop import SpeculativeOutput, generate, speculative_decode
 from .metrics import SpecStats
@@ -14,7 +15,8 @@ from . import prompts
 from .models import ModelChecksumError, UnknownModelError, load, provision
 
 __all__ = [
-    "Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatchError",
+    "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig",
+    "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
     "enable_drafters", "StepEvent", "SpecStats", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
 ]

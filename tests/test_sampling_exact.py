@@ -3,7 +3,6 @@ over the first three generated tokens we can enumerate, the empirical distributi
 matches the target's processed distribution (temperature, top-k, top-p) by a chi-square test; and the same
 test fails when the acceptance rule is deliberately wrong."""
 
-import itertools
 
 import pytest
 import torch
@@ -62,13 +61,14 @@ def exact_distribution(model, procs):
     return probs
 
 
-def sample_counts(target, draft, procs, k=2, seed=0):
+def sample_counts(target, draft, procs, k=2, seed=0, drafter=None):
+    """Counts of the first NEW sampled tokens over N_RUNS speculative runs (a draft model by default)."""
     torch.manual_seed(seed)
     # one token more than we count, so that the first speculative step drafts k=2 tokens (t2, t3)
     cfg = GenerationConfig(do_sample=True, max_length=PROMPT.shape[1] + NEW + 1)
     stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
     counts = {}
-    drafter = hf_spec.DraftModelDrafter(draft, k)
+    drafter = drafter if drafter is not None else hf_spec.DraftModelDrafter(draft, k)
     for _ in range(N_RUNS):
         out = hf_spec.speculative_decode(target, PROMPT, drafter, logits_processor=procs, stopping_criteria=stop,
                                          generation_config=cfg)

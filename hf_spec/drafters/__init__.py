@@ -2,6 +2,7 @@
 
 from .base import Drafter
 from .draft_model import DraftModelDrafter, VocabularyMismatchError
+from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatchError"]
+__all__ = ["Drafter", "DraftModelDrafter", "MedusaDrafter", "NgramDrafter", "VocabularyMismatchError"]

@@ -1,0 +1,424 @@
+"""Train Medusa heads for any target by self-distillation (Medusa-1 with the target frozen; Cai et al. 2024,
+section 2.3.2 "self-distillation").
+
+1. **Features** (the target runs once per text, the result is cached): for question data (Spec-Bench or a
+   FastChat JSONL) the target answers each prompt greedily (batched ``model.generate``); for plain text it
+   reads the text (teacher forcing). Either way a forward hook on its ``lm_head`` keeps, per position, the
+   last hidden state ``h_t [H]`` (the ``lm_head`` input) and the target's top-K next-token log-probabilities.
+2. **Training**: head i at position t learns the target's distribution at position t + i + 1 (the token
+   i + 2 ahead) as a soft label: cross-entropy ``-sum_v p_target(v) log q_i(v)`` over the target's top-K
+   tokens (renormalised), with the softmax of q taken over the batch's label tokens plus random negatives
+   (a sampled softmax: a full 150k-token softmax per head and position is too slow for a CPU). Head i's
+   loss is weighted 0.8^i (later heads are harder; Medusa uses a decaying weight too).
+3. **Report**: each head's top-1 and top-5 agreement with the target's own next-token choice on held-out
+   texts, with the full vocabulary.
+
+Checkpoints (``checkpoint.pt``: heads, optimiser, step, RNG) are written atomically every
+``checkpoint_every`` steps and at each epoch's end; a run with the same settings and ``--out`` resumes.
+The same seed gives the same heads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..loop import generated_length
+from ..prompts import chat_inputs, load_questions
+from .heads import MedusaConfig, MedusaHeads
+
+__all__ = ["TrainSettings", "Features", "collect_features", "train_heads", "evaluate_heads", "load_texts",
+           "train_medusa"]
+
+#: label tokens kept per position: the target's top-K (their mass is ~all of it for a trained LM)
+TOP_K = 32
+
+
+@dataclass
+class TrainSettings:
+    """What ``hf-spec train-medusa`` does; every field is a CLI flag.
+
+    Attributes:
+        heads: N heads; layers: L residual blocks per head; variant: ``full`` or ``shared-lm-head``.
+        epochs, lr (AdamW), batch_size (positions per step), seed.
+        max_tokens: the most tokens per text (prompt + answer, or a text chunk).
+        response_tokens: for question data, the target's answer length (greedy, ended by EOS).
+        max_texts: use at most this many texts, a seeded random sample (0: all).
+        holdout_fraction: texts kept out of training for the agreement report.
+        negatives: random vocabulary entries added to each batch's softmax.
+        checkpoint_every: steps between checkpoints.
+        exclude_per_category: for question data, the first M questions of each category are never
+            trained on (the benchmark and the docs evaluate on the first few of each category).
+    """
+
+    heads: int = 4
+    layers: int = 1
+    variant: str = "shared-lm-head"
+    epochs: int = 2
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+    max_tokens: int = 512
+    response_tokens: int = 128
+    max_texts: int = 0
+    holdout_fraction: float = 0.1
+    negatives: int = 1024
+    checkpoint_every: int = 200
+    exclude_per_category: int = 5
+    gen_batch_size: int = 16
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for settings that cannot work."""
+        for name in ("heads", "layers", "epochs", "batch_size", "max_tokens", "checkpoint_every", "gen_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.variant not in ("full", "shared-lm-head"):
+            raise ValueError(f"--variant must be full or shared-lm-head, got {self.variant!r}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 < self.holdout_fraction < 1:
+            raise ValueError(f"--holdout-fraction must be in (0, 1), got {self.holdout_fraction}")
+        if self.response_tokens < 0 or self.max_texts < 0 or self.negatives < 0 or self.exclude_per_category < 0:
+            raise ValueError("--response-tokens, --max-texts, --negatives and --exclude-per-category must be >= 0")
+
+    def feature_key(self) -> dict:
+        """The settings the cached features depend on."""
+        return {k: getattr(self, k) for k in ("max_tokens", "response_tokens", "max_texts", "exclude_per_category", "seed")}
+
+
+@dataclass
+class Features:
+    """What the target computed over the training texts, position by position.
+
+    Attributes:
+        hidden: ``[P, H]`` last hidden states (the ``lm_head`` input), P positions over all texts.
+        top_ids: ``LongTensor[P, K]``, the target's top-K next tokens at each position (best first).
+        top_logp: ``[P, K]``, their log-probabilities.
+        text_index: ``LongTensor[P]``, which text each position belongs to.
+        remaining: ``LongTensor[P]``, how many later positions of the same text follow.
+    """
+
+    hidden: torch.Tensor
+    top_ids: torch.LongTensor
+    top_logp: torch.Tensor
+    text_index: torch.LongTensor
+    remaining: torch.LongTensor
+    meta: dict = field(default_factory=dict)
+
+    @staticmethod
+    def concat(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], meta: dict) -> "Features":
+        """From per-text ``(hidden [n, H], top_ids [n, K], top_logp [n, K])``."""
+        parts = [p for p in parts if p[0].shape[0] > 0]
+        if not parts:
+            raise ValueError("no training positions: the texts are empty")
+        n = [p[0].shape[0] for p in parts]
+        return Features(
+            hidden=torch.cat([p[0] for p in parts]).float(),
+            top_ids=torch.cat([p[1] for p in parts]),
+            top_logp=torch.cat([p[2] for p in parts]).float(),
+            text_index=torch.cat([torch.full((m,), i, dtype=torch.long) for i, m in enumerate(n)]),
+            remaining=torch.cat([torch.arange(m - 1, -1, -1) for m in n]),
+            meta=meta,
+        )
+
+
+# ---- data -------------------------------------------------------------------------------------------
+def load_texts(data: str, settings: TrainSettings) -> tuple[str, list]:
+    """Read the training data.
+
+    Args:
+        data: ``specbench`` (the shipped Spec-Bench questions), a FastChat-style ``.jsonl`` (questions), or
+            a ``.txt`` file (plain text, cut into chunks at blank lines).
+
+    Returns:
+        ``("questions", [str, ...])`` or ``("text", [str, ...])``.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: no usable text.
+    """
+    if data == "specbench" or data.endswith(".jsonl"):
+        path = None if data == "specbench" else data
+        questions = load_questions(path)
+        seen: dict[str, int] = {}
+        kept = []
+        for q in questions:  # the first M of each category are evaluation prompts: never train on them
+            seen[q.category] = seen.get(q.category, 0) + 1
+            if seen[q.category] > settings.exclude_per_category:
+                kept.append(q.text)
+        kind, texts = "questions", kept
+    else:
+        if not Path(data).exists():
+            raise FileNotFoundError(f"no such data file: {data} (use specbench, a .jsonl of questions or a .txt)")
+        raw = Path(data).read_text(encoding="utf-8")
+        kind, texts = "text", [c.strip() for c in raw.split("\n\n") if c.strip()]
+    if settings.max_texts and len(texts) > settings.max_texts:  # a seeded sample, spread over all categories
+        pick = torch.randperm(len(texts), generator=torch.Generator().manual_seed(settings.seed))[: settings.max_texts]
+        texts = [texts[i] for i in sorted(pick.tolist())]
+    if not texts:
+        raise ValueError(f"no training text in {data}")
+    return kind, texts
+
+
+class _LmHeadTap:
+    """Forward hook on the target's ``lm_head``: its input (last hidden states) and the top-K log-probs."""
+
+    def __init__(self, target):
+        self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.handle = target.get_output_embeddings().register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        logp = output.float().log_softmax(dim=-1)
+        top = logp.topk(TOP_K, dim=-1)
+        self.records.append((args[0].detach().float(), top.indices, top.values))
+
+    def close(self):
+        self.handle.remove()
+
+
+@torch.no_grad()
+def collect_features(target, tokenizer, kind: str, texts: list[str], settings: TrainSettings,
+                     progress: bool = True) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Run the frozen target once over each text; return per text ``(hidden [n, H], top_ids [n, K], top_logp [n, K])``.
+
+    For ``questions`` the target answers (greedy, ``response_tokens`` new tokens, batches of
+    ``gen_batch_size`` prompts of similar length) and the positions are those of its answer (the hidden
+    state of the last prompt token, then of each answer token but the last). For ``text`` each chunk of at
+    most ``max_tokens`` tokens is read in one forward (every position).
+    """
+    target.eval()
+    out: list = [None] * len(texts)
+    tap = _LmHeadTap(target)
+    try:
+        if kind == "questions":
+            encoded = [chat_inputs(tokenizer, t)["input_ids"][0] for t in texts]
+            order = sorted((i for i in range(len(texts)) if len(encoded[i]) + settings.response_tokens <= settings.max_tokens),
+                           key=lambda i: len(encoded[i]))
+            for i in set(range(len(texts))) - set(order):
+                out[i] = (torch.zeros(0, target.config.get_text_config().hidden_size), torch.zeros(0, TOP_K, dtype=torch.long),
+                          torch.zeros(0, TOP_K))
+            batches = [order[j:j + settings.gen_batch_size] for j in range(0, len(order), settings.gen_batch_size)]
+            for batch in tqdm(batches, desc="target answers", disable=not progress):
+                tap.records.clear()
+                inputs = chat_inputs(tokenizer, [texts[i] for i in batch])
+                seqs = target.generate(**inputs, max_new_tokens=settings.response_tokens, do_sample=False)
+                width = inputs["input_ids"].shape[1]
+                hidden = torch.cat([r[0][:, -1:] for r in tap.records], dim=1)  # [B, steps, H]
+                ids = torch.cat([r[1][:, -1:] for r in tap.records], dim=1)
+                logp = torch.cat([r[2][:, -1:] for r in tap.records], dim=1)
+                for row, i in enumerate(batch):
+                    n = generated_length(seqs[row, width:].tolist(), target.generation_config.eos_token_id)
+                    out[i] = (hidden[row, :n].clone(), ids[row, :n].clone(), logp[row, :n].clone())
+        else:
+            for i, text in enumerate(tqdm(texts, desc="target reads", disable=not progress)):
+                tap.records.clear()
+                ids = tokenizer(text, return_tensors="pt")["input_ids"][:, : settings.max_tokens]
+                target(input_ids=ids, logits_to_keep=0)
+                h, top_ids, top_logp = tap.records[-1]
+                out[i] = (h[0].clone(), top_ids[0].clone(), top_logp[0].clone())
+    finally:
+        tap.close()
+    return out
+
+
+# ---- training ---------------------------------------------------------------------------------------
+def _split(num_texts: int, holdout_fraction: float, seed: int) -> tuple[set[int], set[int]]:
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_texts, generator=g).tolist()
+    n_eval = max(1, round(num_texts * holdout_fraction)) if num_texts > 1 else 0
+    return set(perm[n_eval:]), set(perm[:n_eval])
+
+
+def _batch_loss(heads: MedusaHeads, feats: Features, pos: torch.LongTensor, negatives: int,
+                generator: torch.Generator) -> torch.Tensor:
+    """Soft-label cross-entropy of all heads at positions ``pos`` (sampled softmax, see the module doc)."""
+    N = heads.num_heads
+    x = heads.hidden(feats.hidden[pos])  # [b, N, H]
+    offsets = torch.arange(1, N + 1)
+    label_pos = pos[:, None] + offsets[None, :]  # [b, N]: the target's distribution i+1 positions later
+    valid = feats.remaining[pos][:, None] >= offsets[None, :]
+    label_pos = torch.where(valid, label_pos, pos[:, None])
+    t_ids = feats.top_ids[label_pos]  # [b, N, K]
+    t_p = feats.top_logp[label_pos].softmax(dim=-1)  # renormalised over the top-K
+    vocab = heads.config.vocab_size
+    cand = torch.cat([t_ids[valid].flatten(), torch.randint(vocab, (negatives,), generator=generator)])
+    support = cand.unique()  # sorted
+    where = torch.searchsorted(support, t_ids).clamp(max=len(support) - 1)  # [b, N, K]; exact where valid
+    weights = 0.8 ** torch.arange(N, dtype=torch.float32)
+    total = x.new_zeros(())
+    for i in range(N):
+        W = heads.projection(i)[support].to(x.dtype)
+        logq = (x[:, i] @ W.T).log_softmax(dim=-1)  # [b, |S|]
+        ce = -(t_p[:, i] * logq.gather(1, where[:, i])).sum(dim=-1)  # [b]
+        m = valid[:, i]
+        if bool(m.any()):
+            total = total + weights[i] * ce[m].mean()
+    return total
+
+
+@torch.no_grad()
+def evaluate_heads(heads: MedusaHeads, feats: Features, texts: set[int], chunk: int = 256) -> list[dict]:
+    """Per head: top-1 and top-5 agreement with the target's greedy choice on the given texts.
+
+    Returns:
+        ``[{"head": i, "top1": float, "top5": float, "positions": int}, ...]`` (full-vocabulary logits).
+    """
+    mask = torch.tensor([int(t) in texts for t in feats.text_index.tolist()])
+    pos_all = mask.nonzero().flatten()
+    N = heads.num_heads
+    hits1, hits5, counts = [0] * N, [0] * N, [0] * N
+    for start in range(0, len(pos_all), chunk):
+        pos = pos_all[start:start + chunk]
+        logits = heads(feats.hidden[pos]).float()  # [b, N, V]
+        top5 = logits.topk(5, dim=-1).indices
+        for i in range(N):
+            ok = feats.remaining[pos] >= i + 1
+            if not bool(ok.any()):
+                continue
+            want = feats.top_ids[pos[ok] + i + 1, 0]
+            hits1[i] += int((top5[ok, i, 0] == want).sum())
+            hits5[i] += int((top5[ok, i] == want[:, None]).any(dim=-1).sum())
+            counts[i] += int(ok.sum())
+    return [{"head": i, "top1": hits1[i] / counts[i] if counts[i] else float("nan"),
+             "top5": hits5[i] / counts[i] if counts[i] else float("nan"), "positions": counts[i]} for i in range(N)]
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], settings: TrainSettings,
+                checkpoint: Path | None = None, progress: bool = True) -> dict:
+    """Optimise ``heads`` (bound to the target) on the training texts' positions; resumes from ``checkpoint``.
+
+    Returns:
+        ``{"steps": int, "final_loss": float, "seconds": float, "resumed_from_step": int}``.
+    """
+    torch.manual_seed(settings.seed)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    train_mask = torch.tensor([int(t) in train_texts for t in feats.text_index.tolist()]) & (feats.remaining >= 1)
+    positions = train_mask.nonzero().flatten()
+    if len(positions) == 0:
+        raise ValueError("no training positions: give more or longer texts")
+    steps_per_epoch = math.ceil(len(positions) / settings.batch_size)
+    total_steps = steps_per_epoch * settings.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    g = torch.Generator().manual_seed(settings.seed)
+    step, start = 0, 0
+    key = _settings_hash(settings, heads)
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        if state.get("key") != key:
+            raise ValueError(f"{checkpoint} was written with other settings; use another --out or delete it")
+        heads.heads.load_state_dict(state["heads"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        g.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        step = start = state["step"]
+    t0 = time.perf_counter()
+    loss_value = float("nan")
+    heads.train()
+    bar = tqdm(total=total_steps, initial=step, desc="training heads", disable=not progress)
+    perm = None
+    while step < total_steps:
+        epoch, within = divmod(step, steps_per_epoch)
+        if perm is None or within == 0:
+            perm = torch.randperm(len(positions), generator=torch.Generator().manual_seed(settings.seed * 1000 + epoch))
+        pos = positions[perm[within * settings.batch_size:(within + 1) * settings.batch_size]]
+        loss = _batch_loss(heads, feats, pos, settings.negatives, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        loss_value = float(loss.detach())
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}")
+        if checkpoint is not None and (step % settings.checkpoint_every == 0 or step % steps_per_epoch == 0):
+            _atomic_save({"key": key, "heads": heads.heads.state_dict(), "optimizer": opt.state_dict(),
+                          "scheduler": sched.state_dict(), "generator": g.get_state(),
+                          "torch_rng": torch.get_rng_state(), "step": step}, checkpoint)
+    bar.close()
+    heads.eval()
+    return {"steps": total_steps, "final_loss": loss_value, "seconds": time.perf_counter() - t0, "resumed_from_step": start}
+
+
+def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
+    blob = json.dumps({"settings": asdict(settings), "heads": heads.config.to_json()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ---- the whole job ----------------------------------------------------------------------------------
+def train_medusa(target, tokenizer, data: str, out_dir: str | os.PathLike, settings: TrainSettings,
+                 target_name: str | None = None, progress: bool = True) -> dict:
+    """Features (cached in ``out_dir/cache``), training (checkpointed, resumable), the agreement report,
+    and the heads saved in FasterDecoding's format in ``out_dir``.
+
+    Returns:
+        the report (also written to ``out_dir/report.json``): settings, per-head agreement on held-out
+        texts, positions, times.
+
+    Raises:
+        ValueError: bad settings or data; FileNotFoundError: no data file.
+    """
+    settings.check()
+    out = Path(out_dir)
+    (out / "cache").mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.seed)
+    t_start = time.perf_counter()
+    kind, texts = load_texts(data, settings)
+    cache = out / "cache" / "features.pt"
+    key = {"data": data, "target": target_name or target.name_or_path, **settings.feature_key()}
+    feats = None
+    if cache.exists():
+        saved = torch.load(cache, map_location="cpu", weights_only=False)
+        if saved.meta.get("key") == key:
+            feats = saved
+    t_feat = time.perf_counter()
+    if feats is None:
+        parts = collect_features(target, tokenizer, kind, texts, settings, progress)
+        feats = Features.concat(parts, {"key": key, "texts": len(texts), "kind": kind})
+        _atomic_save(feats, cache)
+        feature_seconds = time.perf_counter() - t_feat
+    else:
+        feature_seconds = 0.0
+    text_count = int(feats.text_index.max()) + 1
+    train_texts, eval_texts = _split(text_count, settings.holdout_fraction, settings.seed)
+    H = feats.hidden.shape[1]
+    V = target.get_output_embeddings().weight.shape[0]
+    config = MedusaConfig(settings.heads, settings.layers, H, V, settings.variant, target_name or target.name_or_path)
+    heads = MedusaHeads(config)
+    if settings.variant == "full":  # start each head's projection from the target's (FasterDecoding does too)
+        with torch.no_grad():
+            for i in range(settings.heads):
+                heads.heads[i][-1].weight.copy_(target.get_output_embeddings().weight.float())
+    heads.float().bind(target)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    before = evaluate_heads(heads, feats, eval_texts)
+    log = train_heads(heads, feats, train_texts, settings, out / "checkpoint.pt", progress)
+    after = evaluate_heads(heads, feats, eval_texts)
+    heads.save_pretrained(out)
+    report = {
+        "target": target_name or target.name_or_path, "data": data, "kind": kind, "settings": asdict(settings),
+        "texts": text_count, "train_texts": len(train_texts), "eval_texts": len(eval_texts),
+        "positions": int(feats.hidden.shape[0]), "feature_seconds": feature_seconds,
+        "train_seconds": log["seconds"], "total_seconds": time.perf_counter() - t_start, "steps": log["steps"],
+        "final_loss": log["final_loss"], "resumed_from_step": log["resumed_from_step"],
+        "agreement_before": before, "agreement": after,
+    }
+    tmp = out / "report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, out / "report.json")
+    return report

@@ -1,0 +1,316 @@
+"""Medusa heads and drafter, mechanics on tiny random models: the FasterDecoding checkpoint format (round
+trip, published layout, bad files), size checks against the target, the hidden state each draft is made
+from, greedy exactness in batches, distribution exactness under sampling, and training (loss goes down,
+same seed -> same heads, an interrupted run resumes to the same heads)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import hf_spec
+from hf_spec.drafters.medusa import MedusaDrafter
+from hf_spec.medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
+from hf_spec.medusa import train as medusa_train
+
+from .conftest import tiny_llama
+from .test_sampling_exact import ALPHA, PROMPT, exact_distribution, pvalue, processors, sample_counts
+
+H, V = 32, 32
+
+
+def random_heads(n=3, layers=1, variant="shared-lm-head", hidden=H, vocab=V, seed=0, scale=0.3):
+    torch.manual_seed(seed)
+    heads = MedusaHeads(MedusaConfig(n, layers, hidden, vocab, variant))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, scale)
+    return heads.eval()
+
+
+# ---- checkpoint format -----------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_round_trip_same_outputs_and_fasterdecoding_keys(tmp_path, variant):
+    target = tiny_llama()
+    heads = random_heads(n=3, layers=2, variant=variant).bind(target)
+    heads.save_pretrained(tmp_path)
+    keys = set(load_file(str(tmp_path / "medusa_lm_head.safetensors")))
+    want = {f"{i}.{j}.linear.{w}" for i in range(3) for j in range(2) for w in ("weight", "bias")}
+    if variant == "full":
+        want |= {f"{i}.2.weight" for i in range(3)}
+    assert keys == want
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 2 and cfg["hf_spec_variant"] == variant
+    loaded = MedusaHeads.from_pretrained(tmp_path, target=target)
+    x = torch.randn(5, H)
+    assert torch.equal(heads(x), loaded(x))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+
+
+def test_fasterdecoding_pt_checkpoint_loads(tmp_path):
+    """A folder as FasterDecoding writes it: torch-saved state dict, config without hf-spec's keys."""
+    target = tiny_llama()
+    heads = random_heads(n=2, variant="full")
+    torch.save(heads.heads.state_dict(), tmp_path / "medusa_lm_head.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                      "base_model_name_or_path": "some/model"}))
+    loaded = MedusaHeads.from_pretrained(tmp_path, target=target)
+    assert loaded.config.variant == "full" and loaded.config.vocab_size == V
+    x = torch.randn(4, H)
+    assert torch.equal(heads(x), loaded(x))
+
+
+def test_mismatches_are_clear_errors(tmp_path):
+    target = tiny_llama()
+    with pytest.raises(MedusaCheckpointError, match="hidden size 16"):
+        random_heads(hidden=16).bind(target)
+    with pytest.raises(MedusaCheckpointError, match="predict 64 tokens"):
+        random_heads(vocab=64, variant="full").bind(target)
+    with pytest.raises(ValueError, match="3 heads"):
+        MedusaDrafter(random_heads(n=3), num_speculative_tokens=4)
+    drafter = MedusaDrafter(random_heads(hidden=16))
+    with pytest.raises(MedusaCheckpointError, match="hidden size"):
+        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate, drafter=drafter)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate,
+                        drafter=MedusaDrafter(random_heads(n=3)), num_speculative_tokens=5)
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    with pytest.raises(MedusaCheckpointError, match="no Medusa heads"):
+        MedusaHeads.from_pretrained(tmp_path / "nowhere")
+    good = tmp_path / "good"
+    random_heads(n=3).save_pretrained(good)
+    # corrupt weights
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "config.json").write_text((good / "config.json").read_text())
+    (bad / "medusa_lm_head.safetensors").write_bytes((good / "medusa_lm_head.safetensors").read_bytes()[:100])
+    with pytest.raises(MedusaCheckpointError, match="cannot read"):
+        MedusaHeads.from_pretrained(bad)
+    # no weights / no config / broken config
+    (bad / "medusa_lm_head.safetensors").unlink()
+    with pytest.raises(MedusaCheckpointError, match="has no medusa_lm_head"):
+        MedusaHeads.from_pretrained(bad)
+    nocfg = tmp_path / "nocfg"
+    nocfg.mkdir()
+    (nocfg / "medusa_lm_head.safetensors").write_bytes((good / "medusa_lm_head.safetensors").read_bytes())
+    with pytest.raises(MedusaCheckpointError, match="no config.json"):
+        MedusaHeads.from_pretrained(nocfg)
+    (nocfg / "config.json").write_text("{not json")
+    with pytest.raises(MedusaCheckpointError, match="not valid JSON"):
+        MedusaHeads.from_pretrained(nocfg)
+    # the config claims more heads than the file has
+    cfg = json.loads((good / "config.json").read_text())
+    (nocfg / "config.json").write_text(json.dumps(dict(cfg, medusa_num_heads=4)))
+    with pytest.raises(MedusaCheckpointError, match="missing"):
+        MedusaHeads.from_pretrained(nocfg)
+    # a tensor of the wrong shape
+    state = load_file(str(good / "medusa_lm_head.safetensors"))
+    state["1.0.linear.bias"] = torch.zeros(H + 1)
+    save_file(state, str(nocfg / "medusa_lm_head.safetensors"))
+    (nocfg / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MedusaCheckpointError, match="shape"):
+        MedusaHeads.from_pretrained(nocfg)
+
+
+# ---- drafting ---------------------------------------------------------------------------------------
+class Recorder(torch.nn.Module):
+    """Wraps heads; keeps every hidden state the drafter feeds them."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.inner = heads
+        self.seen = []
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def forward(self, hidden, num_heads=None):
+        self.seen.append(hidden.clone())
+        return self.inner(hidden, num_heads)
+
+
+def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position():
+    """Each draft must read the target's last hidden state at the position that predicted the row's last
+    token (len - 2), exactly what a full forward over the sequence computes there."""
+    target = tiny_llama()
+    target.generation_config.eos_token_id = None
+    heads = random_heads(n=3).bind(target)
+    drafter = MedusaDrafter(heads, 3)
+    rec = Recorder(heads)
+    drafter.heads = rec
+    seqs = []
+    orig = drafter.draft
+
+    def draft(sequences, k):
+        seqs.append([s.clone() for s in sequences])
+        return orig(sequences, k)
+
+    drafter.draft = draft
+    prompts = [[0, 5, 7, 9, 3], [0, 4], [0, 8, 8, 2, 6, 11, 3]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                    custom_generate=hf_spec.generate, drafter=drafter)
+    assert len(rec.seen) == len(seqs) > 3
+    for hidden, rows in zip(rec.seen, seqs):
+        for b, seq in enumerate(rows):
+            with torch.no_grad():
+                full = target(input_ids=seq[None], output_hidden_states=True).hidden_states[-1][0]
+            torch.testing.assert_close(hidden[b], full[len(seq) - 2], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_greedy_batch_is_token_identical(variant):
+    target = tiny_llama(seed=3)
+    heads = random_heads(n=4, variant=variant, seed=1).bind(target)
+    prompts = [[0, 5, 7, 9, 3], [0, 4], [0, 8, 8, 2, 6, 11, 3], [0, 2, 2]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    for k in (1, 2, 4):
+        ref = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                              custom_generate=hf_spec.generate, drafter=MedusaDrafter(heads, k))
+        assert torch.equal(out.sequences, ref)
+        for b in range(len(prompts)):
+            one = target.generate(input_ids=torch.tensor([prompts[b]]), max_new_tokens=20, do_sample=False)
+            row = out.sequences[b, width:width + one.shape[1] - len(prompts[b])]
+            assert torch.equal(row, one[0, len(prompts[b]):])
+
+
+def test_through_assistant_model():
+    target = tiny_llama(seed=3)
+    hf_spec.enable_drafters(target)
+    drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
+    ref = target.generate(PROMPT, max_new_tokens=15, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=15, do_sample=False, assistant_model=drafter), ref)
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    from .test_sampling_exact import V as VS
+
+    target = tiny_llama(vocab_size=VS, seed=10)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+    heads = random_heads(n=2, vocab=VS, variant="full", seed=5, scale=1.5).bind(target)
+    return target, heads
+
+
+def test_medusa_sampling_is_distribution_exact(sampling_pair):
+    target, heads = sampling_pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    counts = sample_counts(target, None, procs, seed=21, drafter=MedusaDrafter(heads, 2))
+    assert pvalue(counts, exact) > ALPHA
+
+
+def test_medusa_sampling_test_has_power(sampling_pair, monkeypatch):
+    """The same test rejects a wrong acceptance rule with Medusa drafts, and the heads disagree with the
+    target (so drafts are really rejected)."""
+    import hf_spec.loop
+
+    from .test_acceptance import wrong_residual_rule
+
+    target, heads = sampling_pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    counts = sample_counts(target, None, procs, seed=22, drafter=MedusaDrafter(heads, 2))
+    assert pvalue(counts, exact) < ALPHA
+
+
+# ---- training ---------------------------------------------------------------------------------------
+def tiny_features(target, n_texts=12, length=40, seed=0):
+    """Features of a tiny target over its own greedy continuations of random 3-token prompts (teacher
+    forcing), so that the token two ahead is a function of the prefix that heads can learn."""
+    g = torch.Generator().manual_seed(seed)
+    target.generation_config.eos_token_id = None
+    texts = [target.generate(torch.randint(2, V, (1, 3), generator=g), max_new_tokens=length - 3, do_sample=False)
+             for _ in range(n_texts)]
+    tap = medusa_train._LmHeadTap(target)
+    parts = []
+    try:
+        with torch.no_grad():
+            for ids in texts:
+                tap.records.clear()
+                target(input_ids=ids, logits_to_keep=0)
+                h, top_ids, top_logp = tap.records[-1]
+                parts.append((h[0], top_ids[0], top_logp[0]))
+    finally:
+        tap.close()
+    return medusa_train.Features.concat(parts, {})
+
+
+def peaky_tiny():
+    """A tiny random target with confident (peaky) next-token distributions, like a trained LM's."""
+    target = tiny_llama(seed=4)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+    return target
+
+
+def fresh_heads(target, n=2):
+    torch.manual_seed(0)  # the blocks' biases start random
+    heads = MedusaHeads(MedusaConfig(n, 1, H, V, "shared-lm-head")).bind(target)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return heads
+
+
+def test_training_improves_agreement_and_is_deterministic(monkeypatch):
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target)
+    train_texts, _ = medusa_train._split(12, 0.25, 0)
+    settings = medusa_train.TrainSettings(heads=2, epochs=8, lr=1e-2, batch_size=32, negatives=8)
+    a = fresh_heads(target)
+    before = medusa_train.evaluate_heads(a, feats, train_texts)
+    medusa_train.train_heads(a, feats, train_texts, settings, None, progress=False)
+    after = medusa_train.evaluate_heads(a, feats, train_texts)
+    assert after[0]["top1"] > before[0]["top1"] + 0.2  # measured 0.21 -> 0.66
+    b = fresh_heads(target)
+    medusa_train.train_heads(b, feats, train_texts, settings, None, progress=False)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_interrupted_training_resumes_to_the_same_heads(tmp_path, monkeypatch):
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target)
+    train_texts, _ = medusa_train._split(12, 0.25, 0)
+    settings = medusa_train.TrainSettings(heads=2, epochs=2, lr=1e-2, batch_size=32, negatives=8, checkpoint_every=3)
+    straight = fresh_heads(target)
+    medusa_train.train_heads(straight, feats, train_texts, settings, None, progress=False)
+
+    real_loss = medusa_train._batch_loss
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    ckpt = tmp_path / "checkpoint.pt"
+    monkeypatch.setattr(medusa_train, "_batch_loss", failing)
+    with pytest.raises(KeyboardInterrupt):
+        medusa_train.train_heads(fresh_heads(target), feats, train_texts, settings, ckpt, progress=False)
+    assert torch.load(ckpt, weights_only=False)["step"] == 6
+    monkeypatch.setattr(medusa_train, "_batch_loss", real_loss)
+    resumed = fresh_heads(target)
+    log = medusa_train.train_heads(resumed, feats, train_texts, settings, ckpt, progress=False)
+    assert log["resumed_from_step"] == 6
+    for pa, pb in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(pa, pb, atol=0, rtol=0)
+    other = medusa_train.TrainSettings(heads=2, epochs=3, lr=1e-2, batch_size=32, negatives=8)
+    with pytest.raises(ValueError, match="other settings"):
+        medusa_train.train_heads(fresh_heads(target), feats, train_texts, other, ckpt, progress=False)
