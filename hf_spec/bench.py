@@ -6,6 +6,7 @@ Methods (``--methods``):
 - ``baseline``: plain ``model.generate``;
 - ``draft:NAME``: hf-spec with a draft model (``--draft-dtype``, bfloat16 by default);
 - ``ngram``: hf-spec's n-gram prompt lookup (n <= 3);
+- ``medusa:DIR``: hf-spec with the Medusa heads in folder DIR (``hf-spec train-medusa``; k <= heads);
 - ``hf-assisted``: transformers' ``assistant_model=`` with the same draft model (a separate copy, same dtype),
   fixed k (``num_assistant_tokens=k``, constant schedule, confidence threshold 0);
 - ``hf-prompt-lookup``: transformers' ``prompt_lookup_num_tokens=k`` with ``max_matching_ngram_size=3``.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pickle
 import platform
 import shutil
 import statistics
@@ -36,7 +39,9 @@ from transformers.generation import candidate_generator as hf_candidates
 from transformers.generation.streamers import BaseStreamer
 
 from .drafters.draft_model import DraftModelDrafter
+from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
+from .medusa.heads import MedusaHeads
 from .loop import generate as spec_generate
 from .metrics import SpecStats
 from .prompts import Question, chat_inputs
@@ -53,9 +58,9 @@ class Method:
 
     Attributes:
         name: the key in ``results.json`` (the ``--methods`` entry, with ``@k=K`` in a k sweep).
-        kind: ``baseline``, ``draft``, ``ngram``, ``hf-assisted`` or ``hf-prompt-lookup``.
+        kind: ``baseline``, ``draft``, ``ngram``, ``medusa``, ``hf-assisted`` or ``hf-prompt-lookup``.
         k: num_speculative_tokens (None for the baseline).
-        draft: the draft model's short name (draft and hf-assisted).
+        draft: the draft model's short name (draft and hf-assisted), or the heads folder (medusa).
     """
 
     name: str
@@ -83,8 +88,10 @@ def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> li
         if n == "baseline":
             continue
         if n.startswith("medusa:"):
-            raise ValueError("medusa methods are not available yet (Medusa heads are a later issue)")
-        if n.startswith("draft:"):
+            kind, draft = "medusa", n.split(":", 1)[1]
+            if not draft:
+                raise ValueError("medusa:DIR needs the heads folder, e.g. medusa:heads/qwen2.5-coder-1.5b")
+        elif n.startswith("draft:"):
             kind, draft = "draft", n.split(":", 1)[1]
             if not draft:
                 raise ValueError("draft:NAME needs a model name, e.g. draft:qwen2.5-coder-0.5b")
@@ -95,7 +102,7 @@ def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> li
                 raise ValueError("hf-assisted needs a draft model: add draft:NAME to --methods or pass --draft NAME")
             kind, draft = n, draft_name
         else:
-            raise ValueError(f"unknown method {n!r}; use baseline, draft:NAME, ngram, hf-assisted, hf-prompt-lookup")
+            raise ValueError(f"unknown method {n!r}; use baseline, draft:NAME, medusa:DIR, ngram, hf-assisted, hf-prompt-lookup")
         for k in ks:
             out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, draft))
     return out
@@ -168,7 +175,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     kwargs = dict(gen_kwargs)
     if method.kind == "baseline":
         kwargs["streamer"] = timer
-    elif method.kind in ("draft", "ngram"):
+    elif method.kind in ("draft", "ngram", "medusa"):
         kwargs.update(custom_generate=spec_generate, drafter=drafters[method.name], spec_streamer=timer)
     elif method.kind == "hf-assisted":
         # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
@@ -188,7 +195,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     ttft = timer.times[0] - t0 if timer.times else total
     row = {"new_tokens": n, "total_s": total, "ttft_s": ttft, "tpot_s": (total - ttft) / (n - 1) if n > 1 else 0.0,
            "tokens_per_s": n / total, "tokens": tokens}
-    if method.kind in ("draft", "ngram"):
+    if method.kind in ("draft", "ngram", "medusa"):
         row["stats"] = out.stats
     elif method.kind.startswith("hf-"):
         row["stats"] = _hf_stats(timer.chunks, record)
@@ -214,6 +221,7 @@ def run_bench(
     draft_dtype=torch.bfloat16,
     seed: int = 0,
     progress: bool = True,
+    journal: str | Path | None = None,
 ) -> dict:
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
@@ -224,14 +232,31 @@ def run_bench(
         max_new_tokens, temperature: generation settings (temperature 0 = greedy).
         repeats: runs per prompt and method; the median run (by total time) is kept.
         draft_dtype: dtype of draft models.
+        journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;
+            a run with the same settings and journal skips the prompts already there (resume after an
+            interruption). Machine drift between the sessions hits every method alike, since methods are
+            interleaved within each prompt.
 
     Returns:
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
 
     Raises:
-        ValueError: no questions, or repeats < 1.
+        ValueError: no questions, or repeats < 1, or a journal written with other settings.
     """
     from tqdm import tqdm
+
+    key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": [(m.name, m.kind, m.k, m.draft) for m in methods],
+                      "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
+                      "temperature": temperature, "repeats": repeats, "draft_dtype": str(draft_dtype),
+                      "dtype": str(target.dtype), "seed": seed})
+    done: dict[str, dict] = {}
+    journal = Path(journal) if journal is not None else None
+    if journal is not None and journal.exists():
+        with open(journal, "rb") as f:
+            state = pickle.load(f)
+        if state.get("key") != key:
+            raise ValueError(f"{journal} holds a partial run with other settings; use another --out or delete it")
+        done = {p["question_id"]: p for p in state["prompts"]}
 
     if not questions:
         raise ValueError("no questions selected: check --categories / --questions")
@@ -250,6 +275,8 @@ def run_bench(
             drafters[m.name] = DraftModelDrafter(draft_models[m.draft], m.k)
         elif m.kind == "ngram":
             drafters[m.name] = NgramDrafter(m.k)
+        elif m.kind == "medusa":
+            drafters[m.name] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target), m.k)
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
 
@@ -260,6 +287,10 @@ def run_bench(
     prompts = []
     bar = tqdm(total=len(questions) * len(methods) * repeats, desc="bench", disable=not progress)
     for qi, q in enumerate(questions):
+        if q.question_id in done:
+            prompts.append(done[q.question_id])
+            bar.update(len(methods) * repeats)
+            continue
         inputs = chat_inputs(tokenizer, q.text)
         runs: dict[str, list] = {m.name: [] for m in methods}
         for _ in range(repeats):
@@ -269,6 +300,12 @@ def run_bench(
         kept = {name: sorted(rs, key=lambda r: r["total_s"])[len(rs) // 2] for name, rs in runs.items()}
         prompts.append({"question_id": q.question_id, "category": q.category,
                         "prompt_tokens": int(inputs["input_ids"].shape[1]), "runs": kept})
+        if journal is not None:
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            tmp = journal.with_name(journal.name + ".tmp")
+            with open(tmp, "wb") as f:
+                pickle.dump({"key": key, "prompts": prompts}, f)
+            os.replace(tmp, journal)
     bar.close()
     return {"prompts": prompts}
 

@@ -4,6 +4,7 @@
 compared side by side with plain ``model.generate`` in the same process.
 ``hf-spec bench``: methods side by side on Spec-Bench (``hf_spec.bench``).
 ``hf-spec tune``: measure acceptance, draft cost and verify cost; predict the best k and check it.
+``hf-spec train-medusa``: train Medusa heads for a target by self-distillation (``hf_spec.medusa.train``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["main", "build_parser"]
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate with a drafter (and compare with plain decoding)")
     p.add_argument("--target", required=True, help="target model: short name (smollm2-135m, qwen2.5-coder-1.5b, ...), folder or hub name")
-    p.add_argument("--drafter", default="ngram", help="none | ngram | draft:MODEL (default: ngram)")
+    p.add_argument("--drafter", default="ngram", help="none | ngram | draft:MODEL | medusa:DIR (default: ngram)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=5, dest="k", help="tokens drafted per step (default 5)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
     p.add_argument("--top-p", type=float, default=None)
@@ -53,7 +54,7 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench prompts")
     p.add_argument("--target", required=True)
     p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
-                   help="comma-separated: baseline, draft:NAME, ngram, hf-assisted, hf-prompt-lookup")
+                   help="comma-separated: baseline, draft:NAME, medusa:DIR, ngram, hf-assisted, hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
     ks.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default 5)")
     ks.add_argument("--k-sweep", type=_int_list, default=None, help="e.g. 1,2,3,5,8: every speculative method at each k")
@@ -67,7 +68,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
     p.add_argument("--draft-dtype", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots")
+    p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots; an "
+                   "interrupted run keeps its finished prompts in OUT/.progress.pkl and the same command resumes")
 
 
 def _add_tune(sub) -> None:
@@ -84,12 +86,44 @@ def _add_tune(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_train_medusa(sub) -> None:
+    from .medusa.train import TrainSettings
+
+    d = TrainSettings()
+    p = sub.add_parser("train-medusa", help="train Medusa heads for a target (self-distillation, resumable)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--heads", type=int, default=d.heads, help=f"number of heads N (default {d.heads})")
+    p.add_argument("--layers", type=int, default=d.layers, help=f"residual blocks per head (default {d.layers})")
+    p.add_argument("--variant", choices=["full", "shared-lm-head"], default=d.variant,
+                   help="full: own vocabulary projection per head (FasterDecoding); shared-lm-head (default): "
+                        "reuse the target's lm_head, only the blocks are new")
+    p.add_argument("--data", default="specbench",
+                   help="specbench (default; the target answers the questions), questions.jsonl, or text.txt")
+    p.add_argument("--out", required=True, help="folder for config.json, medusa_lm_head.safetensors, report.json")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="positions per optimiser step")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="the most tokens per text")
+    p.add_argument("--response-tokens", type=int, default=d.response_tokens,
+                   help="question data: length of the target's answers")
+    p.add_argument("--max-texts", type=int, default=d.max_texts, help="use at most this many texts (0: all)")
+    p.add_argument("--gen-batch-size", type=int, default=d.gen_batch_size, help="prompts answered per batch")
+    p.add_argument("--exclude-per-category", type=int, default=d.exclude_per_category,
+                   help="question data: never train on the first M questions of each category (evaluation prompts)")
+    p.add_argument("--negatives", type=int, default=d.negatives, help="random tokens added to each batch's softmax")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-spec", description="Exact speculative decoding for transformers")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_bench(sub)
     _add_tune(sub)
+    _add_train_medusa(sub)
     p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
     p.add_argument("names", nargs="+", help="short names: smollm2-135m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b")
     return parser
@@ -117,9 +151,20 @@ def _read_prompts(args) -> list[str]:
 
 
 def _check_drafter(spec: str, plain: tuple[str, ...]) -> None:
-    """Refuse a --drafter value that is neither one of ``plain`` nor ``draft:MODEL``, before loading models."""
-    if not (spec in plain or (spec.startswith("draft:") and len(spec) > len("draft:"))):
-        raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use {', '.join(plain)} or draft:MODEL")
+    """Refuse a --drafter value that is neither one of ``plain`` nor ``draft:MODEL`` / ``medusa:DIR``, before
+    loading models."""
+    for prefix in ("draft:", "medusa:"):
+        if spec.startswith(prefix) and len(spec) > len(prefix):
+            if prefix == "medusa:":
+                from .medusa.heads import MedusaCheckpointError, heads_path
+
+                try:
+                    heads_path(spec[len(prefix):])
+                except MedusaCheckpointError as e:
+                    raise SystemExit(f"hf-spec: error: {e}")
+            return
+    if spec not in plain:
+        raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use {', '.join(plain)}, draft:MODEL or medusa:DIR")
 
 
 def _make_drafter(spec: str, k: int, dtype, tokenizer):
@@ -132,7 +177,11 @@ def _make_drafter(spec: str, k: int, dtype, tokenizer):
     if spec.startswith("draft:"):
         draft_model, draft_tok = load(spec[len("draft:"):], dtype=dtype)
         return DraftModelDrafter(draft_model, k, tokenizer=tokenizer, draft_tokenizer=draft_tok)
-    raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use none, ngram or draft:MODEL")
+    if spec.startswith("medusa:"):
+        from .drafters.medusa import MedusaDrafter
+
+        return MedusaDrafter(spec[len("medusa:"):], k)
+    raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use none, ngram, draft:MODEL or medusa:DIR")
 
 
 def _generate(args) -> int:
@@ -271,8 +320,10 @@ def _bench(args) -> int:
         raise SystemExit(f"hf-spec: error: no questions for categories {args.categories!r}")
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype)
     target, tok = load(args.target, dtype=dtype)
+    journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed)
+                    temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
+                    journal=journal)
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = None
@@ -283,6 +334,7 @@ def _bench(args) -> int:
                   temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
                   draft_dtype=str(draft_dtype).replace("torch.", ""), command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
+    journal.unlink(missing_ok=True)
     from .bench import markdown_table
 
     print(markdown_table(summary))
@@ -398,6 +450,29 @@ def _tune(args) -> int:
     return 0
 
 
+def _train_medusa(args) -> int:
+    from dataclasses import fields
+
+    from .medusa.train import TrainSettings, train_medusa
+    from .models import load, resolve_dtype
+
+    settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
+    settings.check()  # before loading the target
+    if args.data != "specbench" and not Path(args.data).is_file():
+        raise SystemExit(f"hf-spec: error: no such data file: {args.data}")
+    model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype))
+    report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
+    print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "
+          f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s, "
+          f"training {report['train_seconds']:.0f} s")
+    print("| head | predicts | top-1 agreement | top-5 agreement | held-out positions |")
+    print("|---|---|---|---|---|")
+    for h in report["agreement"]:
+        print(f"| {h['head']} | t+{h['head'] + 2} | {h['top1']:.1%} | {h['top5']:.1%} | {h['positions']} |")
+    print(f"saved to {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     from .models import ModelChecksumError
 
@@ -409,6 +484,8 @@ def main(argv=None) -> int:
             return _bench(args)
         if args.command == "tune":
             return _tune(args)
+        if args.command == "train-medusa":
+            return _train_medusa(args)
         if args.command == "provision":
             from .models import provision
 

@@ -21,11 +21,13 @@ def test_parse_methods():
     sweep = parse_methods("ngram", [1, 2])
     assert [m.name for m in sweep] == ["baseline", "ngram@k=1", "ngram@k=2"]
     for bad, msg in [("hf-assisted", "needs a draft model"), ("foo", "unknown method"), ("", "empty"),
-                     ("medusa:/x", "not available yet"), ("draft:", "needs a model name")]:
+                     ("medusa:", "needs the heads folder"), ("draft:", "needs a model name")]:
         with pytest.raises(ValueError, match=msg):
             parse_methods(bad, [3])
     with pytest.raises(ValueError, match="k must be >= 1"):
         parse_methods("ngram", [0])
+    medusa = parse_methods("medusa:heads/x", [2])[1]
+    assert (medusa.name, medusa.kind, medusa.draft, medusa.k) == ("medusa:heads/x", "medusa", "heads/x", 2)
 
 
 def test_failed_report_leaves_nothing(tmp_path):
@@ -39,13 +41,13 @@ def test_failed_report_leaves_nothing(tmp_path):
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
     r = run("bench", "--target", "smollm2-135m", "--methods",
-            "baseline,draft:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2",
+            "baseline,draft:smollm2-135m,medusa:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2",
             "--categories", "coding,qa", "--per-category", "1", "--max-new-tokens", "12", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["num_prompts"] == 2 and res["config"]["categories"] == ["coding", "qa"]
-    names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup")
-                            for k in (1, 2)]
+    names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
+                                                   "hf-prompt-lookup") for k in (1, 2)]
     assert list(res["methods"]) == names
     for name, m in res["methods"].items():
         for key in KEYS:
@@ -59,7 +61,8 @@ def test_bench_end_to_end(tmp_path):
         assert len(m["acceptance_by_position"]) <= int(name[-1])
     # a draft identical to the target accepts everything
     assert res["methods"]["draft:smollm2-135m@k=2"]["acceptance_rate"] > 0.9
-    assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup"}
+    assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
+                                        "hf-prompt-lookup"}
     assert all(p["predicted"] is not None for p in res["speedup_vs_k"]["draft:smollm2-135m"])
     md = (out / "results.md").read_text()
     assert "| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |" in md
@@ -83,3 +86,34 @@ def test_tune_end_to_end():
 def test_bench_bad_input():
     r = run("bench", "--target", "smollm2-135m", "--methods", "baseline,warp-drive", "--out", "/tmp/never")
     assert r.returncode == 2 and "unknown method" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch):
+    import hf_spec.bench as bench
+    from hf_spec.prompts import load_questions
+
+    model, tok = smol
+    questions = load_questions(categories=["coding"], per_category=2)
+    methods = parse_methods("ngram", [2])
+    journal = tmp_path / "out" / ".progress.pkl"
+    real = bench._run_once
+    calls = {"n": 0}
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:  # 2 warm-up runs, prompt 1's 2 runs, then prompt 2 fails
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_run_once", counted)
+    kw = dict(max_new_tokens=4, progress=False, journal=journal)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench(model, tok, methods, questions, **kw)
+    assert journal.exists()
+    calls["n"] = -100  # no more failures
+    raw = bench.run_bench(model, tok, methods, questions, **kw)
+    assert calls["n"] == -100 + 2 + 2  # warm-up again, then only prompt 2
+    assert [p["question_id"] for p in raw["prompts"]] == [q.question_id for q in questions]
+    with pytest.raises(ValueError, match="other settings"):
+        bench.run_bench(model, tok, methods, questions, max_new_tokens=5, progress=False, journal=journal)

@@ -70,3 +70,53 @@ def test_bad_input_gives_clear_errors(args, msg):
     assert r.returncode != 0
     assert msg in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_train_medusa_on_a_text_file(tmp_path):
+    """Tiny settings on real SmolLM2: heads saved in FasterDecoding format, a report, and a rerun of the
+    same command resumes from the finished checkpoint and cached features (same heads)."""
+    from safetensors.torch import load_file
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("\n\n".join(
+        f"def add_{i}(a, b):\n    \"\"\"Return a + b + {i}.\"\"\"\n    return a + b + {i}\n" for i in range(12)))
+    out = tmp_path / "heads"
+    argv = ("train-medusa", "--target", "smollm2-135m", "--data", str(data), "--heads", "2", "--epochs", "1",
+            "--batch-size", "16", "--out", str(out))
+    r = run(*argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["kind"] == "text" and len(report["agreement"]) == 2 and report["positions"] > 100
+    assert "| head | predicts | top-1 agreement |" in r.stdout
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 2 and cfg["hf_spec_variant"] == "shared-lm-head"
+    first = load_file(str(out / "medusa_lm_head.safetensors"))
+    assert set(first) == {f"{i}.0.linear.{w}" for i in range(2) for w in ("weight", "bias")}
+    r = run(*argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads((out / "report.json").read_text())
+    assert again["feature_seconds"] == 0.0 and again["resumed_from_step"] == again["steps"]
+    second = load_file(str(out / "medusa_lm_head.safetensors"))
+    assert all(first[k].equal(second[k]) for k in first)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--heads", "0"], "--heads must be >= 1"),
+    (["--data", "/no/such/file.txt"], "no such data file"),
+    (["--holdout-fraction", "1.5"], "--holdout-fraction must be in (0, 1)"),
+])
+def test_train_medusa_bad_input(tmp_path, args, msg):
+    r = run("train-medusa", "--target", "smollm2-135m", "--out", str(tmp_path / "o"), *args)
+    assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_generate_with_medusa_heads():
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "2",
+            "--max-new-tokens", "16", "--prompt", "Write a Python function that reverses a string.", "--chat",
+            "--compare", "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["identical_to_baseline"] is True
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "5",
+            "--max-new-tokens", "4", "--prompt", "hi")
+    assert r.returncode == 2 and "4 heads" in r.stderr and "Traceback" not in r.stderr

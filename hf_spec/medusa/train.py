@@ -62,8 +62,8 @@ class TrainSettings:
     heads: int = 4
     layers: int = 1
     variant: str = "shared-lm-head"
-    epochs: int = 2
-    lr: float = 1e-3
+    epochs: int = 3
+    lr: float = 3e-3
     batch_size: int = 64
     seed: int = 0
     max_tokens: int = 512
@@ -374,10 +374,10 @@ def train_medusa(target, tokenizer, data: str, out_dir: str | os.PathLike, setti
     """
     settings.check()
     out = Path(out_dir)
-    (out / "cache").mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
     t_start = time.perf_counter()
-    kind, texts = load_texts(data, settings)
+    kind, texts = load_texts(data, settings)  # bad data fails before anything is written
+    (out / "cache").mkdir(parents=True, exist_ok=True)
     cache = out / "cache" / "features.pt"
     key = {"data": data, "target": target_name or target.name_or_path, **settings.feature_key()}
     feats = None
