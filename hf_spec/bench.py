@@ -176,7 +176,8 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     if method.kind == "baseline":
         kwargs["streamer"] = timer
     elif method.kind in ("draft", "ngram", "medusa"):
-        kwargs.update(custom_generate=spec_generate, drafter=drafters[method.name], spec_streamer=timer)
+        kwargs.update(custom_generate=spec_generate, drafter=drafters[method.name], spec_streamer=timer,
+                      num_speculative_tokens=method.k)
     elif method.kind == "hf-assisted":
         # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
         hf_draft.generation_config.update(num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant",
@@ -269,14 +270,16 @@ def run_bench(
     hf_names = {m.draft for m in methods if m.kind == "hf-assisted"}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
         hf_draft = _load_draft(hf_names.pop(), draft_dtype)
-    drafters = {}
+    drafters, medusa = {}, {}
     for m in methods:
         if m.kind == "draft":
             drafters[m.name] = DraftModelDrafter(draft_models[m.draft], m.k)
         elif m.kind == "ngram":
             drafters[m.name] = NgramDrafter(m.k)
         elif m.kind == "medusa":
-            drafters[m.name] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target), m.k)
+            if m.draft not in medusa:
+                medusa[m.draft] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target), m.k)
+            drafters[m.name] = medusa[m.draft]  # one drafter (one lm_head hook) per folder; k set per run
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
 

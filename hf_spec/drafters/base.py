@@ -11,6 +11,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation import CandidateGenerator
 
+from ..processors import process_scores
+
 __all__ = ["Drafter", "check_num_speculative_tokens"]
 
 
@@ -101,6 +103,18 @@ class Drafter(CandidateGenerator):
             processed logits ``Tensor[B, k', V]`` each token was drawn from (``None`` for a deterministic one).
         """
         raise NotImplementedError
+
+    def choose(self, sequences: list[torch.LongTensor], logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Pick each row's drafted token the way the target picks its own: the call's logits processors on
+        ``logits [B, V]`` (row b's prefix is ``sequences[b]``), then argmax (greedy) or a sample.
+
+        Returns:
+            ``(token LongTensor[B], processed scores [B, V])``; the scores are q under sampling.
+        """
+        processed = process_scores(self.logits_processor, sequences, logits)
+        if self.generation_config is not None and self.generation_config.do_sample:
+            return torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1), processed
+        return processed.argmax(dim=-1), processed
 
     def select_rows(self, rows: torch.LongTensor) -> None:
         """Keep only these batch rows (indices into the current batch): the loop dropped finished ones."""

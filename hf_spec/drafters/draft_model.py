@@ -13,7 +13,6 @@ import torch
 
 from ..kernels import install_upcast_prefill
 from ..models import cpu_has_native_bf16
-from ..processors import process_scores
 from ..ragged import RaggedCache
 from .base import Drafter
 
@@ -104,13 +103,9 @@ class DraftModelDrafter(Drafter):
         do_sample = bool(self.generation_config.do_sample)
         tokens, scores = [], []
         for i in range(k):
-            processed = process_scores(self.logits_processor, seqs, logits)
-            if do_sample:
-                token = torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1)
-                scores.append(processed)
-            else:
-                token = processed.argmax(dim=-1)
+            token, processed = self.choose(seqs, logits)
             tokens.append(token)
+            scores.append(processed)
             if i < k - 1:
                 seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
                 logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float()

@@ -20,7 +20,6 @@ import os
 import torch
 
 from ..medusa.heads import MedusaHeads
-from ..processors import process_scores
 from .base import Drafter, check_num_speculative_tokens
 
 __all__ = ["MedusaDrafter"]
@@ -90,8 +89,7 @@ class MedusaDrafter(Drafter):
     def draft(self, sequences, k):
         if self.generation_config is None:
             raise RuntimeError("MedusaDrafter.prepare() must be called before drafting (the loop does it)")
-        if k > self.heads.num_heads:
-            self._check_k(k)
+        self._check_k(k)
         lengths = [len(s) for s in sequences]
         bsz = len(sequences)
         if self._hidden is None or self._hidden.shape[0] != bsz:
@@ -117,13 +115,9 @@ class MedusaDrafter(Drafter):
         seqs = [s.to(logits.device) for s in sequences]
         tokens, scores = [], []
         for i in range(k):
-            processed = process_scores(self.logits_processor, seqs, logits[:, i])
-            if do_sample:
-                token = torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1)
-                scores.append(processed)
-            else:
-                token = processed.argmax(dim=-1)
+            token, processed = self.choose(seqs, logits[:, i])
             tokens.append(token)
+            scores.append(processed)
             if i < k - 1:
                 seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
         out = torch.stack(tokens, dim=1)

@@ -263,12 +263,7 @@ class MedusaHeads(nn.Module):
             MedusaCheckpointError: folder, config or weights missing or unreadable; keys or shapes that do
                 not form N heads of L blocks; sizes that do not match ``target``.
         """
-        path = Path(directory)
-        if not path.is_dir() and os.sep not in str(directory) and "/" not in str(directory):
-            path = heads_path(directory)  # a short name
-        if not path.is_dir():
-            raise MedusaCheckpointError(f"no Medusa heads at {path}: expected a folder with config.json and "
-                                        f"{WEIGHTS_SAFETENSORS} (make one with hf-spec train-medusa)")
+        path = heads_path(directory)  # a folder, or the short name of shipped or cached heads
         state = _read_weights(path)
         raw = _read_config(path)
         n, L = raw.get("medusa_num_heads"), raw.get("medusa_num_layers", 1)
