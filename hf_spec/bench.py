@@ -46,7 +46,8 @@ from .loop import generate as spec_generate
 from .metrics import SpecStats
 from .prompts import Question, chat_inputs
 
-__all__ = ["Method", "parse_methods", "run_bench", "write_report", "summarize", "markdown_table", "machine_config"]
+__all__ = ["Method", "parse_methods", "run_bench", "write_report", "summarize", "markdown_table", "model_table", "model_check",
+           "machine_config"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
         "mean_accepted_length", "acceptance_by_position", "identical_fraction")
@@ -349,14 +350,54 @@ def _tokens_per_forward(stats: SpecStats) -> float:
         stats.num_emitted_tokens / stats.num_row_steps if stats.num_row_steps else 0.0)
 
 
+def model_check(prompts: list[dict], name: str, k: int) -> dict | None:
+    """The speedup model against the measurement, with every input measured in this run.
+
+    T_1 is the baseline's decode time per token (TPOT, from its totals over ``prompts``); from the hf-spec
+    method's own step events: the conditional acceptance by position, c = draft seconds per drafted position
+    over T_1, and the verify cost = seconds per verify forward (k + 1 positions, acceptance included) over
+    T_1. The prediction is :func:`~hf_spec.tuning.expected_speedup` of those; the measurement is the TPOT
+    ratio (decode phase, prefill excluded).
+
+    Returns:
+        ``{"predicted", "measured", "error", "cost_ratio", "verify_cost", "conditional_acceptance"}``, or
+        ``None`` for a method without hf-spec step statistics (baseline, transformers' own) or without
+        decode steps.
+    """
+    from .tuning import conditional_acceptance, expected_speedup
+
+    runs = [p["runs"][name] for p in prompts]
+    if not runs or any("stats" not in r or not hasattr(r["stats"], "draft_time_s") for r in runs) or not k:
+        return None
+    base = [p["runs"]["baseline"] for p in prompts]
+    t1 = sum(b["total_s"] - b["ttft_s"] for b in base) / max(1, sum(b["new_tokens"] - 1 for b in base))
+    total = SpecStats()
+    for r in runs:
+        total.merge(r["stats"])
+    steps = total.num_row_steps - total.num_sequences  # decode forwards (batch size 1)
+    if steps <= 0 or t1 <= 0:
+        return None
+    # the prefill's event time is its verify time (step 0 drafts nothing): take it out of verify time
+    verify = (total.verify_time_s - total.ttft_s) / steps / t1
+    c = total.draft_time_s / (steps * k) / t1
+    acceptance = conditional_acceptance(total) or [0.0]
+    predicted = expected_speedup(acceptance, k, c, lambda n: verify)
+    measured = t1 / (sum(r["total_s"] - r["ttft_s"] for r in runs) / max(1, sum(r["new_tokens"] - 1 for r in runs)))
+    return {"predicted": predicted, "measured": measured, "error": predicted / measured - 1, "cost_ratio": c,
+            "verify_cost": verify, "conditional_acceptance": acceptance}
+
+
 def summarize(raw: dict, methods: list[Method], greedy: bool) -> dict:
-    """Per method, overall and per category: the ``KEYS`` values (baseline included, speedup 1.0)."""
+    """Per method, overall and per category: the ``KEYS`` values (baseline included, speedup 1.0), and for
+    hf-spec's methods at a fixed k the speedup model's check (:func:`model_check`) under ``"model"``."""
     prompts = raw["prompts"]
     cats = list(dict.fromkeys(p["category"] for p in prompts))
     out = {}
     for m in methods:
         entry = _aggregate(prompts, m.name, greedy)
         entry["k"] = m.k
+        if m.kind in ("draft", "ngram", "medusa") and isinstance(m.k, int):
+            entry["model"] = model_check(prompts, m.name, m.k)
         entry["per_category"] = {c: _aggregate([p for p in prompts if p["category"] == c], m.name, greedy) for c in cats}
         out[m.name] = entry
     return out
@@ -377,6 +418,18 @@ def markdown_table(summary: dict) -> str:
             f"{_fmt(m['acceptance_rate'], '.1%')} | {_fmt(m['mean_accepted_length'], '.2f')} | "
             f"{_fmt(m['identical_fraction'], '.0%')} |")
     return "\n".join(lines)
+
+
+def model_table(summary: dict) -> str:
+    """The speedup model's check per hf-spec method: inputs measured in the run, prediction, measurement."""
+    lines = ["| method | conditional acceptance by position | c | T_verify(k+1)/T_1 | predicted | measured (TPOT ratio) | error |",
+             "|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        chk = m.get("model")
+        if chk:
+            lines.append(f"| {name} | {' '.join(f'{a:.2f}' for a in chk['conditional_acceptance'])} | {chk['cost_ratio']:.3f} | "
+                         f"{chk['verify_cost']:.2f} | {chk['predicted']:.2f}x | {chk['measured']:.2f}x | {chk['error']:+.1%} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def _plots(summary: dict, out: Path, prediction: dict | None) -> None:
@@ -434,7 +487,9 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
     tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir.parent))
     try:
         per_prompt = [{k: v for k, v in p.items() if k != "runs"} | {
-            "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")} for n, r in p["runs"].items()}}
+            "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")}
+                     | ({"stats": {k: v for k, v in r["stats"].to_dict().items() if k != "per_row"}} if "stats" in r else {})
+                     for n, r in p["runs"].items()}}
             for p in raw["prompts"]]
         result = {"config": config, "methods": summary, "prompts": per_prompt}
         if prediction:
@@ -445,6 +500,9 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"{config['num_prompts']} prompts, {config['max_new_tokens']} new tokens, "
               f"temperature {config['temperature']}, dtype {config['dtype']}, draft dtype {config['draft_dtype']}.",
               "", markdown_table(summary), ""]
+        if model_table(summary):
+            md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",
+                   "", model_table(summary), ""]
         (tmp / "results.md").write_text("\n".join(md))
         _plots(summary, tmp, prediction)
         out_dir.mkdir(exist_ok=True)

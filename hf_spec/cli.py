@@ -335,9 +335,11 @@ def _bench(args) -> int:
                   draft_dtype=str(draft_dtype).replace("torch.", ""), command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
     journal.unlink(missing_ok=True)
-    from .bench import markdown_table
+    from .bench import markdown_table, model_table
 
     print(markdown_table(summary))
+    if model_table(summary):
+        print(model_table(summary))
     print(f"written: {out}/results.json, results.md, plots")
     return 0
 

@@ -37,6 +37,27 @@ def test_failed_report_leaves_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_model_check_uses_the_runs_own_measurements():
+    from hf_spec.bench import model_check
+    from hf_spec.metrics import SpecStats
+    from hf_spec.tuning import expected_speedup
+
+    # one prompt: plain decoding 11 tokens in 1 s prefill + 10 s; hf-spec: prefill 1 s, then 4 steps of k=2,
+    # drafting 0.2 s and verifying 1.5 s each, accepting 2, 1, 0, 2 tokens (11 tokens)
+    stats = SpecStats(num_sequences=1, num_row_steps=5, num_emitted_tokens=11, ttft_s=1.0, total_s=7.8,
+                      draft_time_s=0.8, verify_time_s=1.0 + 6.0, accepted_per_position=[3, 2],
+                      drafted_per_position=[4, 4], reached_per_position=[4, 3], num_draft_tokens=8,
+                      num_accepted_tokens=5, num_drafts=4)
+    prompts = [{"runs": {"baseline": {"total_s": 11.0, "ttft_s": 1.0, "new_tokens": 11},
+                         "m": {"total_s": 7.8, "ttft_s": 1.0, "new_tokens": 11, "stats": stats}}}]
+    chk = model_check(prompts, "m", 2)
+    assert chk["verify_cost"] == pytest.approx(1.5) and chk["cost_ratio"] == pytest.approx(0.1)
+    assert chk["conditional_acceptance"] == pytest.approx([0.75, 2 / 3])
+    assert chk["predicted"] == pytest.approx(expected_speedup([0.75, 2 / 3], 2, 0.1, [1.0, 1.5, 1.5]))
+    assert chk["measured"] == pytest.approx(1.0 / 0.68)
+    assert model_check(prompts, "baseline", None) is None
+
+
 @pytest.mark.slow
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
@@ -64,6 +85,9 @@ def test_bench_end_to_end(tmp_path):
     assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
                                         "hf-prompt-lookup"}
     assert all(p["predicted"] is not None for p in res["speedup_vs_k"]["draft:smollm2-135m"])
+    for name in names[1:7]:  # hf-spec's methods: the model checked with the run's own measurements
+        assert res["methods"][name]["model"]["predicted"] > 0 and res["methods"][name]["model"]["measured"] > 0
+    assert "The speedup model" in (out / "results.md").read_text()
     md = (out / "results.md").read_text()
     assert "| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |" in md
     for png in ("speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_k.png"):
