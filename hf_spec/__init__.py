@@ -4,12 +4,14 @@ Public names only; see the user guide in ``docs/``.
 """
 
 from .acceptance import greedy_accept, speculative_sample
+from .adaptive import AdaptiveK
 from .assisted import enable_drafters
 from .drafters import Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VocabularyMismatchError
 from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
 from .events import StepEvent
 from .loop import SpeculativeOutput, generate, speculative_decode
 from .metrics import SpecStats
+from .prometheus import PrometheusMetrics
 from .tuning import best_k, expected_speedup
 from . import prompts
 from .models import ModelChecksumError, UnknownModelError, load, provision
@@ -18,6 +20,6 @@ __all__ = [
     "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "StepEvent", "SpecStats", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
+    "enable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
 ]
 __version__ = "0.1.0"

@@ -60,7 +60,7 @@ class Method:
     Attributes:
         name: the key in ``results.json`` (the ``--methods`` entry, with ``@k=K`` in a k sweep).
         kind: ``baseline``, ``draft``, ``ngram``, ``medusa``, ``hf-assisted`` or ``hf-prompt-lookup``.
-        k: num_speculative_tokens (None for the baseline).
+        k: num_speculative_tokens: an int, "auto" (hf-spec's methods only), or None for the baseline.
         draft: the draft model's short name (draft and hf-assisted), or the heads folder (medusa).
     """
 
@@ -80,8 +80,8 @@ def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> li
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
-    if any(k < 1 for k in ks):
-        raise ValueError(f"k must be >= 1, got {ks}")
+    if any(k != "auto" and (not isinstance(k, int) or k < 1) for k in ks):
+        raise ValueError(f"k must be an integer >= 1 or auto, got {ks}")
     drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
     draft_name = draft_name or (drafts[0] if drafts else None)
     out = [Method("baseline", "baseline")]
@@ -104,7 +104,11 @@ def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> li
             kind, draft = n, draft_name
         else:
             raise ValueError(f"unknown method {n!r}; use baseline, draft:NAME, medusa:DIR, ngram, hf-assisted, hf-prompt-lookup")
+        if kind.startswith("hf-") and ks == ["auto"]:
+            raise ValueError(f"{n} has no k=auto; compare at fixed k with e.g. --k-sweep 3,5,auto")
         for k in ks:
+            if k == "auto" and kind.startswith("hf-"):
+                continue  # transformers' peers run at the fixed ks only
             out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, draft))
     return out
 
@@ -273,13 +277,15 @@ def run_bench(
         hf_draft = _load_draft(hf_names.pop(), draft_dtype)
     drafters, medusa = {}, {}
     for m in methods:
+        k = 3 if m.k == "auto" else m.k  # with auto, the loop's controller sets k per step (3 is its start)
         if m.kind == "draft":
-            drafters[m.name] = DraftModelDrafter(draft_models[m.draft], m.k)
+            drafters[m.name] = DraftModelDrafter(draft_models[m.draft], k)
         elif m.kind == "ngram":
-            drafters[m.name] = NgramDrafter(m.k)
+            drafters[m.name] = NgramDrafter(k)
         elif m.kind == "medusa":
             if m.draft not in medusa:
-                medusa[m.draft] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target), m.k)
+                medusa[m.draft] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target),
+                                                None if m.k == "auto" else m.k)
             drafters[m.name] = medusa[m.draft]  # one drafter (one lm_head hook) per folder; k set per run
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
@@ -340,6 +346,9 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
             total.merge(s)
         out.update(acceptance_rate=total.acceptance_rate, mean_accepted_length=_tokens_per_forward(total),
                    acceptance_by_position=total.acceptance_by_position)
+        if total.policy_events:  # k=auto: what the controller did
+            out.update(k_mean=statistics.fmean(total.k_per_step) if total.k_per_step else None,
+                       speculation_off_fraction=total.k_per_step.count(0) / max(1, len(total.k_per_step)))
     return out
 
 

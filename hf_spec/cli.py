@@ -22,7 +22,13 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate with a drafter (and compare with plain decoding)")
     p.add_argument("--target", required=True, help="target model: short name (smollm2-135m, qwen2.5-coder-1.5b, ...), folder or hub name")
     p.add_argument("--drafter", default="ngram", help="none | ngram | draft:MODEL | medusa:DIR (default: ngram)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=5, dest="k", help="tokens drafted per step (default 5)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=5, dest="k",
+                   help="tokens drafted per step (default 5), or auto: chosen before each step from running "
+                        "measurements, speculation switched off where it does not pay")
+    p.add_argument("--prometheus-port", type=int, default=None,
+                   help="serve Prometheus metrics (vLLM's names, prefix hf_spec:) on 127.0.0.1:PORT/metrics while running")
+    p.add_argument("--prometheus-hold", type=float, default=0.0,
+                   help="keep serving the metrics this many seconds after generation ends (for a scrape)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
@@ -43,11 +49,24 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _k_arg(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}")
+
+
 def _int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _k_list(text: str) -> list:
+    return [_k_arg(x.strip()) for x in text.split(",") if x.strip()]
 
 
 def _add_bench(sub) -> None:
@@ -56,8 +75,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
                    help="comma-separated: baseline, draft:NAME, medusa:DIR, ngram, hf-assisted, hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
-    ks.add_argument("--k", type=int, default=None, help="num_speculative_tokens for every method (default 5)")
-    ks.add_argument("--k-sweep", type=_int_list, default=None, help="e.g. 1,2,3,5,8: every speculative method at each k")
+    ks.add_argument("--k", type=_k_arg, default=None, help="num_speculative_tokens for every method (default 5), or "
+                    "auto (hf-spec's methods choose k per step; transformers' peers then use their defaults)")
+    ks.add_argument("--k-sweep", type=_k_list, default=None,
+                    help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
     p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")
     p.add_argument("--categories", default=None, help="comma-separated (default: all in the file)")
@@ -173,14 +194,14 @@ def _make_drafter(spec: str, k: int, dtype, tokenizer):
     if spec == "none":
         return None
     if spec == "ngram":
-        return NgramDrafter(k)
+        return NgramDrafter(k or 3)
     if spec.startswith("draft:"):
         draft_model, draft_tok = load(spec[len("draft:"):], dtype=dtype)
-        return DraftModelDrafter(draft_model, k, tokenizer=tokenizer, draft_tokenizer=draft_tok)
+        return DraftModelDrafter(draft_model, k or 3, tokenizer=tokenizer, draft_tokenizer=draft_tok)
     if spec.startswith("medusa:"):
         from .drafters.medusa import MedusaDrafter
 
-        return MedusaDrafter(spec[len("medusa:"):], k)
+        return MedusaDrafter(spec[len("medusa:"):], k)  # None: all heads
     raise SystemExit(f"hf-spec: error: unknown drafter {spec!r}; use none, ngram, draft:MODEL or medusa:DIR")
 
 
@@ -193,8 +214,12 @@ def _generate(args) -> int:
     from .models import resolve_dtype
     from .prompts import chat_inputs
 
-    if args.k < 1:
-        raise SystemExit("hf-spec: error: -k must be >= 1 (use --drafter none to decode without speculation)")
+    if args.k != "auto" and args.k < 1:
+        raise SystemExit("hf-spec: error: -k must be >= 1 or auto (use --drafter none to decode without speculation)")
+    if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
+        raise SystemExit("hf-spec: error: --prometheus-port must be a TCP port (1-65535)")
+    if args.prometheus_hold < 0:
+        raise SystemExit("hf-spec: error: --prometheus-hold must be >= 0 seconds")
     if args.max_new_tokens < 1:
         raise SystemExit("hf-spec: error: --max-new-tokens must be >= 1")
     if args.batch_size < 1:
@@ -211,7 +236,18 @@ def _generate(args) -> int:
         draft_dtype = torch.float16 if dtype == torch.float16 else torch.bfloat16
     else:
         draft_dtype = resolve_dtype(args.draft_dtype)
-    drafter = _make_drafter(args.drafter, args.k, draft_dtype, tokenizer)
+    drafter = _make_drafter(args.drafter, None if args.k == "auto" else args.k, draft_dtype, tokenizer)
+    listeners = []
+    if args.prometheus_port is not None and drafter is not None:
+        from .prometheus import PrometheusMetrics
+
+        metrics = PrometheusMetrics()
+        try:
+            server, _ = metrics.serve(args.prometheus_port)
+        except OSError as e:
+            raise SystemExit(f"hf-spec: error: cannot serve metrics on 127.0.0.1:{args.prometheus_port}: {e}")
+        print(f"hf-spec: Prometheus metrics on http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
+        listeners.append(metrics.listener(drafter.method))
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, tokenizer=tokenizer)
     if args.temperature > 0:
         gen_kwargs.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
@@ -230,7 +266,9 @@ def _generate(args) -> int:
         inputs = chat_inputs(tokenizer, texts, args.chat)
         prompt_len = inputs["input_ids"].shape[1]
         torch.manual_seed(args.seed)
-        out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, **gen_kwargs)
+        out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, event_listeners=listeners,
+                             num_speculative_tokens="auto" if args.k == "auto" and drafter is not None else None,
+                             **gen_kwargs)
         spec_s += out.stats.total_s
         if args.compare:
             torch.manual_seed(args.seed)
@@ -253,6 +291,8 @@ def _generate(args) -> int:
                 "total_s": stats.total_s,
                 "target_forwards": stats.num_target_forwards,
             }
+            if args.k == "auto":  # the batch shares one k per step: the decisions are the call's
+                row.update(k_per_step=out.stats.k_per_step, policy_events=out.stats.policy_events)
             if args.compare:
                 base_row = base[b, prompt_len:]
                 base_new = generated_length(base_row.tolist(), model.generation_config.eos_token_id)
@@ -280,7 +320,8 @@ def _generate(args) -> int:
             result = dict(rows[0], config=config)
         else:
             result = {"config": config, "rows": rows, **totals}
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2), flush=True)
+        _hold_metrics(args)
         return 0
     for row in rows:
         print(row["text"])
@@ -295,7 +336,14 @@ def _generate(args) -> int:
     print()
     print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
           f"batch size {config['batch_size']}]")
+    _hold_metrics(args)
     return 0
+
+
+def _hold_metrics(args) -> None:
+    if args.prometheus_port is not None and args.prometheus_hold > 0:
+        print(f"hf-spec: serving the metrics {args.prometheus_hold:g} s more", file=sys.stderr)
+        time.sleep(args.prometheus_hold)
 
 
 def _bench(args) -> int:
@@ -353,12 +401,14 @@ def _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype
     from .tuning import conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
 
     ids = chat_inputs(tok, questions[0].text)["input_ids"]
-    k_max = max(m.k for m in methods if m.k)
+    if not any(isinstance(m.k, int) for m in methods):
+        return {}
+    k_max = max(m.k for m in methods if isinstance(m.k, int))
     verify = measure_verify_cost(target, ids, k_max + 1)
     costs = {}
     out: dict[str, list] = {}
     for m in methods:
-        if m.k is None:
+        if not isinstance(m.k, int):  # the baseline, and k=auto (no single k to put on the axis)
             continue
         family = m.name.split("@", 1)[0]
         point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],

@@ -14,6 +14,7 @@ calls this loop, which verifies with the one acceptance rule of :mod:`hf_spec.ac
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -23,6 +24,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.utils import ModelOutput
 
 from .acceptance import greedy_accept, speculative_sample
+from .adaptive import AdaptiveK, make_controller
 from .drafters.base import Drafter, check_num_speculative_tokens
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
@@ -31,6 +33,8 @@ from .processors import process_scores, reads_sequences
 from .ragged import RaggedCache
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "generated_length"]
+
+logger = logging.getLogger("hf_spec")
 
 
 @dataclass
@@ -55,7 +59,7 @@ def generate(
     synced_gpus: bool = False,
     streamer=None,
     drafter: Drafter | None = None,
-    num_speculative_tokens: int | None = None,
+    num_speculative_tokens: int | str | AdaptiveK | None = None,
     spec_streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     tokenizer=None,
@@ -72,7 +76,9 @@ def generate(
             (``tokenizer.padding_side = "left"``) with its ``attention_mask`` in ``model_kwargs``.
         logits_processor, stopping_criteria, generation_config: prepared by ``generate``.
         drafter: an hf-spec :class:`~hf_spec.drafters.base.Drafter`; ``None`` decodes without speculation.
-        num_speculative_tokens: k; overrides the drafter's own value when given.
+        num_speculative_tokens: k; overrides the drafter's own value when given. ``"auto"`` (or an
+            :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from running
+            measurements and switches speculation off where it does not pay.
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``). Pass it under
             this name: transformers 5 does not hand ``streamer=`` on to ``custom_generate`` callables.
         event_listeners: callables that receive each :class:`~hf_spec.events.StepEvent`.
@@ -110,7 +116,7 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
-    if num_speculative_tokens is not None:
+    if num_speculative_tokens is not None and make_controller(num_speculative_tokens) is None:
         check_num_speculative_tokens(num_speculative_tokens)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(
@@ -137,7 +143,7 @@ def speculative_decode(
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig,
-    num_speculative_tokens: int | None = None,
+    num_speculative_tokens: int | str | AdaptiveK | None = None,
     cache: DynamicCache | None = None,
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
@@ -164,10 +170,15 @@ def speculative_decode(
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
     listeners = [stats := SpecStats()] + list(event_listeners or [])
+    controller = make_controller(num_speculative_tokens) if drafter is not None else None
     if drafter is not None:
-        if num_speculative_tokens is not None:
+        if num_speculative_tokens is not None and controller is None:
             drafter.num_speculative_tokens = num_speculative_tokens
         drafter.prepare(model, input_ids, generation_config, logits_processor)
+    if controller is not None:
+        controller.reset(drafter.num_speculative_tokens, drafter.max_num_speculative_tokens)
+        listeners.append(controller)
+        k_fixed = drafter.num_speculative_tokens
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
 
@@ -220,10 +231,15 @@ def speculative_decode(
         n_rows = len(active)
         # ---- draft --------------------------------------------------------------------------------
         t_draft = time.perf_counter()
-        k_asked = drafter.num_speculative_tokens if drafter is not None else 0
+        decision = None
+        if controller is not None:
+            k_asked, decision = controller.decide()
+            drafter.num_speculative_tokens = max(1, k_asked)
+        else:
+            k_asked = drafter.num_speculative_tokens if drafter is not None else 0
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
-        budget = torch.tensor([drafter.budget(rows[b][None]) if drafter is not None else 0 for b in active],
-                              device=device)
+        budget = torch.tensor([min(k_asked, drafter.budget(rows[b][None])) if drafter is not None else 0
+                               for b in active], device=device)
         k_step = int(budget.max())
         if k_step > 0:
             drafts, num_drafted, draft_scores = drafter.draft([rows[b][pad_len[b]:] for b in active], k_step)
@@ -264,11 +280,15 @@ def speculative_decode(
             StepEvent(
                 step, k_asked, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
                 [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
-                t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], rows=list(active),
+                t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
+                rows=list(active),
             )
         )
+    if controller is not None:
+        drafter.num_speculative_tokens = k_fixed
     if streamer is not None:
         streamer.end()
+    logger.info("hf_spec: %s", stats.summary())
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats)
 
 

@@ -24,8 +24,13 @@ def test_parse_methods():
                      ("medusa:", "needs the heads folder"), ("draft:", "needs a model name")]:
         with pytest.raises(ValueError, match=msg):
             parse_methods(bad, [3])
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1 or auto"):
         parse_methods("ngram", [0])
+    auto = parse_methods("draft:smollm2-135m,hf-prompt-lookup", [3, "auto"])
+    assert [m.name for m in auto] == ["baseline", "draft:smollm2-135m@k=3", "draft:smollm2-135m@k=auto",
+                                      "hf-prompt-lookup@k=3"]  # transformers' peers have no k=auto
+    with pytest.raises(ValueError, match="no k=auto"):
+        parse_methods("ngram,hf-prompt-lookup", ["auto"])
     medusa = parse_methods("medusa:heads/x", [2])[1]
     assert (medusa.name, medusa.kind, medusa.draft, medusa.k) == ("medusa:heads/x", "medusa", "heads/x", 2)
 
@@ -62,14 +67,18 @@ def test_model_check_uses_the_runs_own_measurements():
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
     r = run("bench", "--target", "smollm2-135m", "--methods",
-            "baseline,draft:smollm2-135m,medusa:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2",
+            "baseline,draft:smollm2-135m,medusa:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2,auto",
             "--categories", "coding,qa", "--per-category", "1", "--max-new-tokens", "12", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["num_prompts"] == 2 and res["config"]["categories"] == ["coding", "qa"]
     names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
                                                    "hf-prompt-lookup") for k in (1, 2)]
-    assert list(res["methods"]) == names
+    autos = [f"{m}@k=auto" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "ngram")]
+    assert sorted(res["methods"]) == sorted(names + autos)
+    for name in autos:  # the controller's record: the k it used, how often speculation was off
+        assert res["methods"][name]["identical_fraction"] == 1.0
+        assert 0 <= res["methods"][name]["speculation_off_fraction"] < 1 and res["methods"][name]["k_mean"] > 0
     for name, m in res["methods"].items():
         for key in KEYS:
             assert key in m, (name, key)

@@ -120,3 +120,47 @@ def test_generate_with_medusa_heads():
     r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "5",
             "--max-new-tokens", "4", "--prompt", "hi")
     assert r.returncode == 2 and "4 heads" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_generate_auto_k_json_and_prometheus_scrape():
+    """-k auto: identical output, the k of every step and the policy's decisions in the JSON; the metrics
+    served on loopback during --prometheus-hold equal the statistics."""
+    import socket
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "hf_spec.cli", "generate", "--target", "smollm2-135m", "--drafter", "ngram", "-k", "auto",
+           "--max-new-tokens", "40", "--prompt", "Write a Python function that reverses a string.", "--chat",
+           "--compare", "--json", "--dtype", "float32", "--prometheus-port", str(port), "--prometheus-hold", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the JSON is printed (and flushed) before the hold
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        out = json.loads("".join(lines))
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert out["identical_to_baseline"] is True and out["config"]["num_speculative_tokens"] == "auto"
+    assert len(out["k_per_step"]) == out["target_forwards"] - 1 and out["k_per_step"][0] == 0
+    assert out["policy_events"][0]["mode"] == "measure" and all(e["reason"] for e in out["policy_events"])
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(page) for s in fam.samples}
+    lab = (("method", "ngram"),)
+    assert got[("hf_spec:spec_decode_num_emitted_tokens_total", lab)] == out["new_tokens"]
+    assert got[("hf_spec:spec_decode_draft_acceptance_rate", lab)] == pytest.approx(out["acceptance_rate"])
+
+
+def test_generate_bad_auto_and_port():
+    for args, msg in [(["-k", "fast"], "integer >= 1 or auto"), (["--prometheus-port", "70000"], "TCP port"),
+                      (["--prometheus-hold", "-1"], "--prometheus-hold")]:
+        r = run("generate", "--target", "smollm2-135m", "--prompt", "hi", *args)
+        assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])

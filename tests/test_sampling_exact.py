@@ -61,7 +61,7 @@ def exact_distribution(model, procs):
     return probs
 
 
-def sample_counts(target, draft, procs, k=2, seed=0, drafter=None):
+def sample_counts(target, draft, procs, k=2, seed=0, drafter=None, num_speculative_tokens=None):
     """Counts of the first NEW sampled tokens over N_RUNS speculative runs (a draft model by default)."""
     torch.manual_seed(seed)
     # one token more than we count, so that the first speculative step drafts k=2 tokens (t2, t3)
@@ -71,7 +71,7 @@ def sample_counts(target, draft, procs, k=2, seed=0, drafter=None):
     drafter = drafter if drafter is not None else hf_spec.DraftModelDrafter(draft, k)
     for _ in range(N_RUNS):
         out = hf_spec.speculative_decode(target, PROMPT, drafter, logits_processor=procs, stopping_criteria=stop,
-                                         generation_config=cfg)
+                                         generation_config=cfg, num_speculative_tokens=num_speculative_tokens)
         key = tuple(out.sequences[0, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist())
         counts[key] = counts.get(key, 0) + 1
     return counts

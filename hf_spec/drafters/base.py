@@ -24,8 +24,8 @@ def check_num_speculative_tokens(k) -> int:
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(
-            f"num_speculative_tokens must be an integer >= 1, got {k!r}; use 1..12 (5 is a good start), "
-            "or drafter=None to decode without speculation"
+            f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (5 is a good "
+            "start), \"auto\" to let hf-spec choose per step, or drafter=None to decode without speculation"
         )
     return k
 
@@ -49,6 +49,8 @@ class Drafter(CandidateGenerator):
     method: str = "drafter"
     #: True when the drafter samples its tokens and returns the distributions (scores) it sampled from
     returns_scores: bool = False
+    #: the most tokens the drafter can propose per step (``None``: no limit); bounds adaptive k
+    max_num_speculative_tokens: int | None = None
 
     def __init__(self, num_speculative_tokens: int = 5):
         self.num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)

@@ -54,6 +54,11 @@ class MedusaDrafter(Drafter):
         self._hidden: torch.Tensor | None = None  # [B, W, H]: the lm_head input of the target's last forward
         self._fed_end: list[int] | None = None  # per row: sequence length covered by that forward
 
+    @property
+    def max_num_speculative_tokens(self) -> int:
+        """One token per head."""
+        return self.heads.num_heads
+
     def _check_k(self, k: int) -> None:
         check_num_speculative_tokens(k)
         if k > self.heads.num_heads:

@@ -1,0 +1,149 @@
+"""Adaptive k and the on/off policy: the controller on simulated steps (known acceptance and costs), and in
+the loop on tiny random models (output unchanged whatever k it picks)."""
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+import hf_spec
+from hf_spec.adaptive import AdaptiveK
+from hf_spec.events import StepEvent
+from hf_spec.tuning import expected_speedup
+
+from .conftest import first_divergence, tiny_pair, top2_gap, TIE_BOUND
+from .test_sampling_exact import pair  # noqa: F401  (fixture: peaky tiny target and draft)
+
+
+def simulate(controller, acceptance_at, cost_ratio, verify_cost, steps, seed=0):
+    """Drive the controller with synthetic steps: T_1 = 10 ms, drafting c T_1 per drafted token, a verify
+    forward over n positions verify_cost(n) T_1; drafted token i accepted with probability
+    acceptance_at(step)[i] given the earlier ones were. Returns the k of each step and the decisions."""
+    rng = random.Random(seed)
+    controller.reset(drafter_k=5)
+    ks, decisions = [], []
+    for step in range(1, steps + 1):
+        k, decision = controller.decide()
+        if decision:
+            decisions.append(dict(decision, step=step))
+        ks.append(k)
+        accepted = 0
+        for a in acceptance_at(step)[:k]:
+            if rng.random() >= a:
+                break
+            accepted += 1
+        t1 = 0.01
+        controller(StepEvent(step, k, [list(range(k))], [accepted], [list(range(accepted + 1))],
+                             draft_time_s=cost_ratio * k * t1, verify_time_s=verify_cost(k + 1) * t1,
+                             time_s=step * t1, finished=[False]))
+    return ks, decisions
+
+
+@pytest.mark.parametrize("acceptance, c, verify", [
+    ([0.9] * 5 + [0.3] * 7, 0.05, lambda n: 1.0),  # cheap drafter, flat verify: k = 5 or 6 (0.2% apart)
+    ([0.9, 0.85, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1], 0.1, lambda n: 1.0 + 0.05 * (n - 1)),  # k = 2
+    ([0.8] * 12, 0.15, lambda n: [1, 1.4, 1.6, 1.7, 2.2, 2.4, 2.8, 3.0, 3.3][n - 1]),  # CPU-like verify: k = 3
+    ([0.5] * 12, 0.3, lambda n: 1.0 + 0.1 * (n - 1)),  # an expensive drafter: k = 1
+    ([0.95] * 12, 0.3, lambda n: 1.0 + 0.3 * (n - 1)),  # a flat top: k = 3..5 within 1%
+])
+def test_controller_converges_to_the_formulas_k(acceptance, c, verify):
+    speed = {k: expected_speedup(acceptance, k, c, verify) for k in range(1, 9)}
+    k_star = max(speed, key=speed.get)
+    ks, _ = simulate(AdaptiveK(k_max=8), lambda step: acceptance, c, verify, steps=600)
+    late = Counter(ks[-200:])
+    settled = late.most_common(1)[0][0]
+    assert late[settled] >= 150, late  # it settles: no thrashing
+    if all(speed[k_star] > 1.05 * v for k, v in speed.items() if k != k_star):  # a clear optimum: that k
+        assert settled == k_star, (k_star, late)
+    else:  # a flat top: a k whose true speedup is within the controller's margin of the best
+        assert speed[settled] >= 0.97 * speed[k_star], (k_star, late, speed)
+
+
+def test_policy_switches_off_at_low_acceptance_and_back_on_when_it_recovers():
+    c, verify = 0.2, (lambda n: 1.0 + 0.1 * (n - 1))
+    # 10% acceptance: at best 1.1 / 1.3 tokens per step-cost -> speculation does not pay
+    ks, decisions = simulate(AdaptiveK(k_max=8), lambda step: [0.1] * 8 if step <= 300 else [0.9] * 8,
+                             c, verify, steps=500)
+    assert Counter(ks[150:300])[0] >= 120, Counter(ks[150:300])  # mostly plain decoding
+    assert any(d["mode"] == "off" and "predicted" in d["reason"] for d in decisions)
+    assert any(d["mode"] == "probe" for d in decisions if d["step"] < 300)  # it kept probing (hysteresis)
+    assert Counter(ks[420:])[0] <= 5 and min(ks[420:]) >= 0 and sum(ks[420:]) / 80 >= 3  # back on, long drafts
+    assert any(d["mode"] == "on" and d["step"] > 300 for d in decisions)
+    for d in decisions:
+        assert d["reason"] and "k" in d
+
+
+def test_policy_turns_off_a_drafter_that_costs_more_than_it_saves():
+    ks, decisions = simulate(AdaptiveK(), lambda step: [0.6] * 8, 1.5, lambda n: 1.0, steps=200)
+    assert Counter(ks[100:])[0] >= 80 and any(d["mode"] == "off" for d in decisions)
+
+
+def test_a_batch_that_makes_verification_compute_bound_turns_speculation_off():
+    # verify cost growing like the positions (B rows x n positions saturate the compute): no k pays
+    ks, _ = simulate(AdaptiveK(), lambda step: [0.7] * 8, 0.05, lambda n: float(n), steps=200)
+    assert Counter(ks[100:])[0] >= 80
+
+
+def test_bad_settings():
+    for kw in [dict(k_min=0), dict(k_min=3, k_max=2), dict(k_start=0), dict(decay=1.0), dict(off_steps=0),
+               dict(dwell_steps=0), dict(margin=-1)]:
+        with pytest.raises(ValueError):
+            AdaptiveK(**kw)
+    target, _ = tiny_pair()
+    with pytest.raises(ValueError, match="auto"):
+        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.NgramDrafter(2), num_speculative_tokens="fast")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_pair()
+
+
+PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+
+
+def test_greedy_identical_whatever_k_auto_picks(tiny):
+    target, draft = tiny
+    base = target.generate(PROMPT, max_new_tokens=60, do_sample=False)
+    for d in [hf_spec.DraftModelDrafter(draft, 3), hf_spec.NgramDrafter(3)]:
+        controller = AdaptiveK(k_max=6, dwell_steps=1, margin=0.0)  # moves as often as it may
+        out = target.generate(PROMPT, max_new_tokens=60, do_sample=False, custom_generate=hf_spec.generate,
+                              drafter=d, num_speculative_tokens=controller)
+        j = first_divergence(out.sequences, base, PROMPT.shape[1])
+        if j is not None:
+            assert top2_gap(target, base[:, :j]) < TIE_BOUND
+        s = out.stats
+        assert len(s.k_per_step) == s.num_target_forwards - 1 and s.k_per_step[0] == 0  # T_1 measured first
+        assert s.policy_events and s.policy_events[0]["mode"] == "measure"
+        assert d.num_speculative_tokens == 3  # the drafter's own k is back after the call
+
+
+def test_auto_in_a_batch_and_with_a_forced_off_policy(tiny):
+    target, draft = tiny
+    prompts = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7], [1, 1, 4, 8, 2, 6, 6, 2]])
+    mask = torch.ones_like(prompts)
+    base = target.generate(prompts, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    # off_below so high that every prediction fails: the loop decodes plainly after the dwell, then probes
+    controller = AdaptiveK(off_below=100.0, off_steps=5, dwell_steps=2)
+    out = target.generate(prompts, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                          custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 3),
+                          num_speculative_tokens=controller)
+    for b in range(2):
+        j = first_divergence(out.sequences[b:b + 1], base[b:b + 1], prompts.shape[1])
+        if j is not None:
+            assert top2_gap(target, base[b:b + 1, :j]) < TIE_BOUND
+    modes = [e["mode"] for e in out.stats.policy_events]
+    assert "off" in modes and "probe" in modes
+    assert out.stats.k_per_step.count(0) > len(out.stats.k_per_step) / 2
+
+
+def test_auto_keeps_the_sampling_distribution(pair):
+    from .test_sampling_exact import ALPHA, exact_distribution, processors, pvalue, sample_counts
+
+    target, draft = pair
+    procs = processors(1.0)
+    # t1 comes from the prefill, t2 from the plain step that measures T_1, t3 from the first draft (k=2)
+    counts = sample_counts(target, draft, procs, seed=5, num_speculative_tokens=AdaptiveK(k_start=2))
+    assert pvalue(counts, exact_distribution(target, procs)) > ALPHA
