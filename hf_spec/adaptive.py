@@ -42,8 +42,8 @@ class AdaptiveK:
     """Online choice of num_speculative_tokens, with speculation switched off where it does not pay.
 
     Args:
-        k_min, k_max: the range of k (``1 <= k_min <= k_max``); ``k_max`` is also capped by the drafter
-            (a Medusa checkpoint's head count).
+        k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
+        k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
         k_start: the k of the first speculative step (default: the drafter's own k, clipped to the range).
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.95 ~ the last 20 steps).
         time_smoothing: weight of a new time measurement in the running means of T_1, T_verify(n) and the

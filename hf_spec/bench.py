@@ -232,10 +232,12 @@ def run_bench(
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
     Args:
-        target, tokenizer: the target model and its tokenizer.
+        target: the target model.
+        tokenizer: its tokenizer.
         methods: from :func:`parse_methods` (``baseline`` first).
         questions: prompts (turn 1 goes through the chat template).
-        max_new_tokens, temperature: generation settings (temperature 0 = greedy).
+        max_new_tokens: new tokens per prompt.
+        temperature: 0 = greedy; > 0 samples.
         repeats: runs per prompt and method; the median run (by total time) is kept.
         draft_dtype: dtype of draft models.
         journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;

@@ -74,7 +74,9 @@ def generate(
         model: the target model.
         input_ids: ``LongTensor[B, L]``, prepared by ``generate``; a batch must be left-padded
             (``tokenizer.padding_side = "left"``) with its ``attention_mask`` in ``model_kwargs``.
-        logits_processor, stopping_criteria, generation_config: prepared by ``generate``.
+        logits_processor: prepared by ``generate`` (temperature, top-k, top-p, penalties, ...).
+        stopping_criteria: prepared by ``generate`` (max length, EOS, stop strings).
+        generation_config: prepared by ``generate``.
         drafter: an hf-spec :class:`~hf_spec.drafters.base.Drafter`; ``None`` decodes without speculation.
         num_speculative_tokens: k; overrides the drafter's own value when given. ``"auto"`` (or an
             :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from running

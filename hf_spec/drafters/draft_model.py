@@ -33,8 +33,9 @@ class DraftModelDrafter(Drafter):
     Args:
         draft_model: a ``transformers`` causal LM (``PreTrainedModel``) with the target's vocabulary.
         num_speculative_tokens: k, tokens drafted per step (>= 1).
-        tokenizer / draft_tokenizer: optional; when both are given their vocabularies (token -> id maps)
-            must be identical, a stricter check than equal vocabulary sizes.
+        tokenizer: optional, the target's tokenizer; when it and ``draft_tokenizer`` are both given their
+            vocabularies (token -> id maps) must be identical, a stricter check than equal vocabulary sizes.
+        draft_tokenizer: optional, the draft's tokenizer (see ``tokenizer``).
 
     Raises:
         ValueError: ``num_speculative_tokens`` < 1.

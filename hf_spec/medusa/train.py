@@ -47,8 +47,13 @@ class TrainSettings:
     """What ``hf-spec train-medusa`` does; every field is a CLI flag.
 
     Attributes:
-        heads: N heads; layers: L residual blocks per head; variant: ``full`` or ``shared-lm-head``.
-        epochs, lr (AdamW), batch_size (positions per step), seed.
+        heads: N, the number of heads (head i predicts the token i + 2 positions ahead).
+        layers: L residual blocks per head.
+        variant: ``full`` (own vocabulary projection per head) or ``shared-lm-head``.
+        epochs: passes over the training positions.
+        lr: AdamW learning rate.
+        batch_size: positions per optimizer step.
+        seed: seeds the sampling of texts, the initialisation and the batches.
         max_tokens: the most tokens per text (prompt + answer, or a text chunk).
         response_tokens: for question data, the target's answer length (greedy, ended by EOS).
         max_texts: use at most this many texts, a seeded random sample (0: all).
