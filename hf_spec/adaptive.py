@@ -11,6 +11,9 @@
   and a line ``T_verify(n)/T_1 = 1 + s (n - 1)`` fitted through them for the n not seen yet;
 - c, drafting seconds per drafted position over T_1.
 
+Times are medians of the last ``window`` measurements, so one-off costs (a draft model's prefill of the
+prompt at its first draft, a cache reallocation) do not sway them.
+
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
 ``E[tokens per step] / (T_verify(k+1)/T_1 + k c)`` (:func:`~hf_spec.tuning.expected_speedup`, the model of
 Leviathan et al. 2023 with a measured verify cost), moving only when the gain beats a margin, so noise does
@@ -29,6 +32,7 @@ token-identical to the target's and sampled output keeps the target's distributi
 from __future__ import annotations
 
 import logging
+import statistics
 
 from .events import StepEvent
 from .tuning import expected_speedup
@@ -46,8 +50,7 @@ class AdaptiveK:
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
         k_start: the k of the first speculative step (default: the drafter's own k, clipped to the range).
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.95 ~ the last 20 steps).
-        time_smoothing: weight of a new time measurement in the running means of T_1, T_verify(n) and the
-            draft time (0 < time_smoothing <= 1).
+        window: T_1, T_verify(n) and the draft time per token are medians of this many latest measurements.
         margin: a new k must be predicted faster than the current one by this fraction to be taken.
         off_below: speculation switches off when the best k's predicted speedup is under this.
         off_steps: plain steps before the first probe; doubled after each failed probe up to
@@ -63,18 +66,18 @@ class AdaptiveK:
     """
 
     def __init__(self, k_min: int = 1, k_max: int = 8, k_start: int | None = None, decay: float = 0.95,
-                 time_smoothing: float = 0.2, margin: float = 0.03, off_below: float = 1.0, off_steps: int = 8,
+                 window: int = 9, margin: float = 0.03, off_below: float = 1.0, off_steps: int = 8,
                  max_off_steps: int = 128, dwell_steps: int = 4):
         if not (isinstance(k_min, int) and isinstance(k_max, int) and 1 <= k_min <= k_max):
             raise ValueError(f"need integers 1 <= k_min <= k_max, got k_min={k_min!r}, k_max={k_max!r}")
         if k_start is not None and not (isinstance(k_start, int) and k_start >= 1):
             raise ValueError(f"k_start must be an integer >= 1, got {k_start!r}")
-        if not 0 < decay < 1 or not 0 < time_smoothing <= 1 or margin < 0 or off_below < 0:
-            raise ValueError("need 0 < decay < 1, 0 < time_smoothing <= 1, margin >= 0, off_below >= 0")
+        if not 0 < decay < 1 or not (isinstance(window, int) and window >= 1) or margin < 0 or off_below < 0:
+            raise ValueError("need 0 < decay < 1, an integer window >= 1, margin >= 0, off_below >= 0")
         if off_steps < 1 or max_off_steps < off_steps or dwell_steps < 1:
             raise ValueError("need off_steps >= 1, max_off_steps >= off_steps, dwell_steps >= 1")
         self.k_min, self.k_max, self.k_start = k_min, k_max, k_start
-        self.decay, self.time_smoothing, self.margin, self.off_below = decay, time_smoothing, margin, off_below
+        self.decay, self.window, self.margin, self.off_below = decay, window, margin, off_below
         self.off_steps, self.max_off_steps, self.dwell_steps = off_steps, max_off_steps, dwell_steps
         self.reset()
 
@@ -92,17 +95,37 @@ class AdaptiveK:
         self.start = max(self.lo, min(self.hi, start))
         self.reached: list[float] = []
         self.accepted: list[float] = []
-        self.t_plain: float | None = None
-        self.t_verify: dict[int, float] = {}
-        self.t_draft: float | None = None  # seconds per drafted position
+        self._plain: list[float] = []
+        self._verify: dict[int, list[float]] = {}
+        self._draft: list[float] = []  # seconds per drafted position
         self.k = 0  # the k of the coming step; 0 = plain decoding
         self.mode = "start"  # start -> on <-> off -> probe -> on | off
         self.steps_in_mode = 0
         self.off_length = self.off_steps
         self.pending: dict | None = None
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.time_smoothing) * old + self.time_smoothing * new
+    def _add(self, values: list[float], new: float) -> None:
+        values.append(new)
+        del values[:-self.window]
+
+    @staticmethod
+    def _median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    @property
+    def t_plain(self) -> float | None:
+        """Estimated T_1 in seconds (``None`` before the first plain step)."""
+        return self._median(self._plain)
+
+    @property
+    def t_verify(self) -> dict[int, float]:
+        """Estimated verify forward time in seconds, by positions per row n (> 1) seen so far."""
+        return {n: self._median(v) for n, v in self._verify.items()}
+
+    @property
+    def t_draft(self) -> float | None:
+        """Estimated drafting seconds per drafted position."""
+        return self._median(self._draft)
 
     def __call__(self, event: StepEvent) -> None:
         """Update the estimates from one step (the loop calls it as an event listener)."""
@@ -113,12 +136,12 @@ class AdaptiveK:
             return
         n = 1 + max(len(d) for d, _, _ in rows)  # positions per row in the verify forward
         if n == 1:
-            self.t_plain = self._ema(self.t_plain, event.verify_time_s)
+            self._add(self._plain, event.verify_time_s)
         else:
-            self.t_verify[n] = self._ema(self.t_verify.get(n), event.verify_time_s)
+            self._add(self._verify.setdefault(n, []), event.verify_time_s)
         k = event.num_speculative_tokens
         if k > 0:
-            self.t_draft = self._ema(self.t_draft, event.draft_time_s / k)
+            self._add(self._draft, event.draft_time_s / k)
             while len(self.reached) < k:
                 self.reached.append(0.0)
                 self.accepted.append(0.0)
@@ -142,9 +165,10 @@ class AdaptiveK:
         """Estimated T_verify(n) / T_1: measured where seen, else the line fitted through what was seen."""
         if n == 1:
             return 1.0
-        if n in self.t_verify:
-            return self.t_verify[n] / self.t_plain
-        pts = [(m - 1, t / self.t_plain - 1.0) for m, t in self.t_verify.items()]
+        t_plain, t_verify = self.t_plain, self.t_verify
+        if n in t_verify:
+            return t_verify[n] / t_plain
+        pts = [(m - 1, t / t_plain - 1.0) for m, t in t_verify.items()]
         slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)) if pts else 0.0
         return 1.0 + slope * (n - 1)
 

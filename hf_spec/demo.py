@@ -263,7 +263,7 @@ def build_app(models: DemoModels):
 
     methods = [m for m in METHODS if not (m == "draft model" and models.draft is None)
                and not (m == "medusa" and models.medusa is None)]
-    with gr.Blocks(title="hf-spec: speculative decoding, live") as app:
+    with gr.Blocks(title="hf-spec: speculative decoding, live", analytics_enabled=False) as app:
         gr.Markdown(f"## hf-spec: speculative decoding, live\nTarget **{models.names.get('target', '?')}**"
                     + (f", draft **{models.names['draft']}**" if models.names.get("draft") else "")
                     + (f", Medusa heads **{models.names['medusa']}**" if models.names.get("medusa") else "")

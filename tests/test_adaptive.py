@@ -74,6 +74,21 @@ def test_policy_switches_off_at_low_acceptance_and_back_on_when_it_recovers():
         assert d["reason"] and "k" in d
 
 
+def test_a_one_off_cost_does_not_switch_speculation_off():
+    """A draft model's first draft also prefills the prompt (here 30 target steps' worth): medians of recent
+    times ignore it, so speculation stays on where it pays."""
+    controller = AdaptiveK(k_max=8)
+    controller.reset(drafter_k=3)
+    ks = []
+    for step in range(1, 80):
+        k, _ = controller.decide()
+        ks.append(k)
+        draft_time = (30.0 if step == 2 else 0.05 * k) * 0.01
+        controller(StepEvent(step, k, [list(range(k))], [k], [list(range(k + 1))], draft_time_s=draft_time,
+                             verify_time_s=(1.0 + 0.1 * k) * 0.01, time_s=0.0, finished=[False]))
+    assert 0 not in ks[1:], ks  # after the plain step that measures T_1, never off
+
+
 def test_policy_turns_off_a_drafter_that_costs_more_than_it_saves():
     ks, decisions = simulate(AdaptiveK(), lambda step: [0.6] * 8, 1.5, lambda n: 1.0, steps=200)
     assert Counter(ks[100:])[0] >= 80 and any(d["mode"] == "off" for d in decisions)
@@ -86,7 +101,7 @@ def test_a_batch_that_makes_verification_compute_bound_turns_speculation_off():
 
 
 def test_bad_settings():
-    for kw in [dict(k_min=0), dict(k_min=3, k_max=2), dict(k_start=0), dict(decay=1.0), dict(off_steps=0),
+    for kw in [dict(k_min=0), dict(k_min=3, k_max=2), dict(k_start=0), dict(decay=1.0), dict(window=0), dict(off_steps=0),
                dict(dwell_steps=0), dict(margin=-1)]:
         with pytest.raises(ValueError):
             AdaptiveK(**kw)
