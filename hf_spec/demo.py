@@ -124,6 +124,7 @@ class DemoModels:
     draft: object | None = None
     medusa: object | None = None  # a MedusaHeads, bound to the target
     names: dict = field(default_factory=dict)
+    _medusa_drafter: object | None = field(default=None, repr=False)
 
     def drafter(self, method: str, k):
         from .drafters.draft_model import DraftModelDrafter
@@ -145,7 +146,11 @@ class DemoModels:
             if k != "auto" and k > self.medusa.num_heads:
                 raise ValueError(f"k={k} but the Medusa heads predict {self.medusa.num_heads} tokens: "
                                  f"choose k <= {self.medusa.num_heads} or auto")
-            return MedusaDrafter(self.medusa, None if k == "auto" else k)
+            # one drafter (one hook on the target's lm_head) for the app's life; requests run one at a time
+            if self._medusa_drafter is None:
+                self._medusa_drafter = MedusaDrafter(self.medusa)
+            self._medusa_drafter.num_speculative_tokens = self.medusa.num_heads if k == "auto" else k
+            return self._medusa_drafter
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_spec.demo import render_tokens
 from hf_spec.events import StepEvent
@@ -30,6 +31,24 @@ def test_render_marks_each_kind_of_token():
     assert '<span class="hfspec-acc">&lt;2&gt;</span><span class="hfspec-rej">&lt;3&gt;</span>' \
            '<span class="hfspec-rej">&lt;4&gt;</span><span class="hfspec-fix">&lt;5&gt;</span>' in html
     assert '<span class="hfspec-bonus">&lt;8&gt;</span>' in html  # the whole draft accepted: a bonus token
+
+
+def test_medusa_requests_share_one_lm_head_hook():
+    """A drafter per request would leave one more hook on the target's lm_head each time."""
+    import hf_spec
+    from hf_spec.demo import DemoModels
+
+    from .conftest import tiny_llama
+
+    target = tiny_llama(seed=3)
+    heads = hf_spec.MedusaHeads(hf_spec.MedusaConfig(3, 1, target.config.hidden_size, target.config.vocab_size,
+                                                     "shared-lm-head")).bind(target)
+    models = DemoModels(target, None, medusa=heads)
+    first, second = models.drafter("medusa", 2), models.drafter("medusa", "auto")
+    assert first is second and second.num_speculative_tokens == 3
+    for _ in range(2):  # two requests: the loop prepares the drafter each time
+        first.prepare(target, torch.tensor([[1, 2]]), target.generation_config)
+    assert len(target.get_output_embeddings()._forward_pre_hooks) == 1
 
 
 def _port() -> int:
