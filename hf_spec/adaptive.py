@@ -5,25 +5,29 @@
 - the conditional acceptance a_i of each draft position (exponentially decayed counts, so it follows a
   change of text or temperature);
 - T_1, the time of a plain decode step (a target forward over one position per row), measured on plain
-  steps: the first decode step is one, so are steps with speculation off and n-gram steps that found no
-  match;
-- T_verify(n), the time of a verify forward over n positions per row (acceptance included), for each n seen,
-  and a line ``T_verify(n)/T_1 = 1 + s (n - 1)`` fitted through them for the n not seen yet;
-- c, drafting seconds per drafted position over T_1.
+  steps: the first ``plain_steps`` (3) decode steps are plain, so are steps with speculation off and n-gram
+  steps that found no match;
+- the whole cost of a speculative step at each k used so far (drafting plus verifying, everything the loop
+  spends between two steps: a draft model catching up on the tokens it has not seen, logits processing,
+  n-gram misses), and for the k not used yet a model of it: a verify forward over n positions on a line
+  ``T_verify(n)/T_1 = 1 + s (n - 1)`` fitted through the n seen, plus drafting ``c_0 + k c`` (a per-step part
+  and a per-token part, fitted through the k seen).
 
 Times are medians of the last ``window`` measurements, so one-off costs (a draft model's prefill of the
 prompt at its first draft, a cache reallocation) do not sway them.
 
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
-``E[tokens per step] / (T_verify(k+1)/T_1 + k c)`` (:func:`~hf_spec.tuning.expected_speedup`, the model of
-Leviathan et al. 2023 with a measured verify cost), moving only when the gain beats a margin, so noise does
-not make it thrash. When even the best k is predicted slower than plain decoding (low acceptance, a high
-temperature flattening the distributions, a batch large enough to make verification compute-bound, a
-drafter that costs more than it saves), speculation is switched off and plain decoding continues; after
-``off_steps`` steps it probes again for ``dwell_steps`` steps and stays on if the prediction is back above 1,
-else switches off for twice as long (up to ``max_off_steps``): hysteresis. Every change is recorded as the
-event's ``policy`` (``{"k", "reason", "predicted_speedup"}``), collected in ``SpecStats.policy_events`` and
-logged at DEBUG on the ``hf_spec`` logger.
+``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
+Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
+it thrash. For the k in use the step cost is measured, not modelled, so the prediction there is what the
+last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
+When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
+the distributions, a batch large enough to make verification compute-bound, a drafter that costs more than
+it saves), speculation is switched off and plain decoding continues; after ``off_steps`` steps it probes
+again for ``dwell_steps`` steps and stays on if the prediction is back above 1, else switches off for twice
+as long (up to ``max_off_steps``): hysteresis. Every change is recorded as the event's ``policy``
+(``{"k", "reason", "predicted_speedup"}``), collected in ``SpecStats.policy_events`` and logged at DEBUG on
+the ``hf_spec`` logger.
 
 The output does not depend on k: every k goes through the same acceptance rule, so greedy output stays
 token-identical to the target's and sampled output keeps the target's distribution.
@@ -35,9 +39,9 @@ import logging
 import statistics
 
 from .events import StepEvent
-from .tuning import expected_speedup
+from .tuning import expected_tokens_per_step
 
-__all__ = ["AdaptiveK", "make_controller"]
+__all__ = ["AdaptiveK", "CycleK", "make_controller"]
 
 logger = logging.getLogger("hf_spec")
 
@@ -49,13 +53,16 @@ class AdaptiveK:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
         k_start: the k of the first speculative step (default: the drafter's own k, clipped to the range).
-        decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.95 ~ the last 20 steps).
+        decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.97 ~ the last 33 steps).
         window: T_1, T_verify(n) and the draft time per token are medians of this many latest measurements.
         margin: a new k must be predicted faster than the current one by this fraction to be taken.
-        off_below: speculation switches off when the best k's predicted speedup is under this.
+        off_below: speculation switches off when the best k's predicted speedup is under
+            ``off_below * (1 - margin)``; a probe stays on only at ``off_below`` or more.
         off_steps: plain steps before the first probe; doubled after each failed probe up to
             ``max_off_steps``, reset when a probe succeeds.
-        dwell_steps: steps a new k (or a probe, made at k_min) is kept and measured before the next
+        plain_steps: decode steps at the start that are plain, to measure T_1 (one step's time varies by
+            ~10% on a busy CPU; their median is the start value).
+        dwell_steps: steps a new k (or a probe, made at the k that came closest when switching off) is kept and measured before the next
             decision: the smoothing that stops thrashing, with ``margin`` and the decayed counts.
 
     Raises:
@@ -65,20 +72,23 @@ class AdaptiveK:
     or pass an ``AdaptiveK(...)`` instance as ``num_speculative_tokens`` to change its settings.
     """
 
-    def __init__(self, k_min: int = 1, k_max: int = 8, k_start: int | None = None, decay: float = 0.95,
+    def __init__(self, k_min: int = 1, k_max: int = 8, k_start: int | None = None, decay: float = 0.97,
                  window: int = 9, margin: float = 0.03, off_below: float = 1.0, off_steps: int = 8,
-                 max_off_steps: int = 128, dwell_steps: int = 4):
+                 max_off_steps: int = 128, dwell_steps: int = 4, plain_steps: int = 3):
         if not (isinstance(k_min, int) and isinstance(k_max, int) and 1 <= k_min <= k_max):
             raise ValueError(f"need integers 1 <= k_min <= k_max, got k_min={k_min!r}, k_max={k_max!r}")
         if k_start is not None and not (isinstance(k_start, int) and k_start >= 1):
             raise ValueError(f"k_start must be an integer >= 1, got {k_start!r}")
         if not 0 < decay < 1 or not (isinstance(window, int) and window >= 1) or margin < 0 or off_below < 0:
             raise ValueError("need 0 < decay < 1, an integer window >= 1, margin >= 0, off_below >= 0")
-        if off_steps < 1 or max_off_steps < off_steps or dwell_steps < 1:
-            raise ValueError("need off_steps >= 1, max_off_steps >= off_steps, dwell_steps >= 1")
+        if (off_steps < 1 or max_off_steps < off_steps or dwell_steps < 1
+                or not (isinstance(plain_steps, int) and plain_steps >= 1)):
+            raise ValueError("need off_steps >= 1, max_off_steps >= off_steps, dwell_steps >= 1, "
+                             "an integer plain_steps >= 1")
         self.k_min, self.k_max, self.k_start = k_min, k_max, k_start
         self.decay, self.window, self.margin, self.off_below = decay, window, margin, off_below
         self.off_steps, self.max_off_steps, self.dwell_steps = off_steps, max_off_steps, dwell_steps
+        self.plain_steps = plain_steps
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------------
@@ -97,11 +107,13 @@ class AdaptiveK:
         self.accepted: list[float] = []
         self._plain: list[float] = []
         self._verify: dict[int, list[float]] = {}
-        self._draft: list[float] = []  # seconds per drafted position
+        self._draft: dict[int, list[float]] = {}  # drafting seconds per step, by k
+        self._step: dict[int, list[float]] = {}  # drafting + verifying seconds per step, by k
         self.k = 0  # the k of the coming step; 0 = plain decoding
         self.mode = "start"  # start -> on <-> off -> probe -> on | off
         self.steps_in_mode = 0
         self.off_length = self.off_steps
+        self.probe_k = self.lo
         self.pending: dict | None = None
 
     def _add(self, values: list[float], new: float) -> None:
@@ -122,10 +134,18 @@ class AdaptiveK:
         """Estimated verify forward time in seconds, by positions per row n (> 1) seen so far."""
         return {n: self._median(v) for n, v in self._verify.items()}
 
-    @property
-    def t_draft(self) -> float | None:
-        """Estimated drafting seconds per drafted position."""
-        return self._median(self._draft)
+    def draft_line(self) -> tuple[float, float]:
+        """``(c_0, c_1)``: drafting seconds per step ~ ``c_0 + c_1 k``, least squares through the median
+        drafting time of each k seen (with one k seen: ``c_0 = 0``; ``(0, 0)`` before any)."""
+        pts = [(k, self._median(v)) for k, v in self._draft.items() if v]
+        if not pts:
+            return 0.0, 0.0
+        if len(pts) == 1:
+            return 0.0, pts[0][1] / pts[0][0]
+        mk, md = sum(k for k, _ in pts) / len(pts), sum(d for _, d in pts) / len(pts)
+        c1 = sum((k - mk) * (d - md) for k, d in pts) / sum((k - mk) ** 2 for k, _ in pts)
+        c1 = max(0.0, c1)
+        return max(0.0, md - c1 * mk), c1
 
     def __call__(self, event: StepEvent) -> None:
         """Update the estimates from one step (the loop calls it as an event listener)."""
@@ -141,7 +161,8 @@ class AdaptiveK:
             self._add(self._verify.setdefault(n, []), event.verify_time_s)
         k = event.num_speculative_tokens
         if k > 0:
-            self._add(self._draft, event.draft_time_s / k)
+            self._add(self._draft.setdefault(k, []), event.draft_time_s)
+            self._add(self._step.setdefault(k, []), event.draft_time_s + event.verify_time_s)
             while len(self.reached) < k:
                 self.reached.append(0.0)
                 self.accepted.append(0.0)
@@ -173,12 +194,22 @@ class AdaptiveK:
         return 1.0 + slope * (n - 1)
 
     def cost_ratio(self) -> float:
-        """Estimated c: draft seconds per drafted position over T_1."""
-        return (self.t_draft or 0.0) / self.t_plain
+        """Estimated c: drafting seconds per drafted token (the slope of :meth:`draft_line`) over T_1."""
+        return self.draft_line()[1] / self.t_plain
+
+    def step_cost(self, k: int) -> float:
+        """Seconds of one step at k over T_1: measured (median) where k was used, else
+        ``T_verify(k+1)/T_1 + (c_0 + c_1 k)/T_1``."""
+        if k == 0:
+            return 1.0
+        if self._step.get(k):
+            return self._median(self._step[k]) / self.t_plain
+        c0, c1 = self.draft_line()
+        return self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
 
     def predicted_speedup(self, k: int) -> float:
         """Predicted speedup over plain decoding at k (needs T_1 measured)."""
-        return expected_speedup(self.acceptance(), k, self.cost_ratio(), self.verify_cost)
+        return expected_tokens_per_step(self.acceptance(), k) / self.step_cost(k)
 
     # ---- the decision ---------------------------------------------------------------------------
     def _set(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
@@ -191,9 +222,9 @@ class AdaptiveK:
     def decide(self) -> tuple[int, dict | None]:
         """The k for the coming step (0 = plain decoding), and the decision record when it changed."""
         self.pending = None
-        if self.t_plain is None:  # the first decode step is plain: it measures T_1
-            if self.mode == "start":
-                self._set(0, "measure", "first decode step plain, to measure T_1")
+        if self.mode in ("start", "measure") and len(self._plain) < self.plain_steps:
+            if self.mode == "start":  # the first decode steps are plain: they measure T_1
+                self._set(0, "measure", f"first {self.plain_steps} decode steps plain, to measure T_1")
             return self.k, self.pending
         if self.mode in ("start", "measure"):
             self._set(self.start, "on", f"start at k={self.start}")
@@ -207,14 +238,14 @@ class AdaptiveK:
                 # old acceptance counts came from the text before the switch-off: let fresh ones dominate
                 self.reached = [r * 0.25 for r in self.reached]
                 self.accepted = [a * 0.25 for a in self.accepted]
-                self._set(self.lo, "probe", f"probe after {self.off_length} plain steps")
+                self._set(self.probe_k, "probe", f"probe at k={self.probe_k} after {self.off_length} plain steps")
             return self.k, self.pending
-        if speed < self.off_below:
+        if speed < self.off_below * (1 - self.margin) or (self.mode == "probe" and speed < self.off_below):
             if self.mode == "probe":
                 self.off_length = min(self.max_off_steps, 2 * self.off_length)
+            self.probe_k = best  # the next probe tries the k that came closest
             self._set(0, "off", f"best k={best} predicted {speed:.2f}x < {self.off_below:.2f}x "
-                                f"(a_1={self.acceptance()[0]:.2f}, c={self.cost_ratio():.2f}, "
-                                f"verify={self.verify_cost(best + 1):.2f})", speed)
+                                f"(a_1={self.acceptance()[0]:.2f}, step cost={self.step_cost(best):.2f} T_1)", speed)
             return self.k, self.pending
         if self.mode == "probe":
             self.off_length = self.off_steps
@@ -224,6 +255,57 @@ class AdaptiveK:
         if best != self.k and speed > current * (1 + self.margin):
             self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
         return self.k, self.pending
+
+
+class CycleK(AdaptiveK):
+    """A fixed schedule for calibration: each k in ``k_min..k_max`` for ``repeat`` steps in a row, then the
+    next, round and round; each decode step's time is recorded by k (what ``hf-spec tune`` uses to measure,
+    inside the loop itself, the draft cost and verify cost of every k in one run).
+
+    Only steps that follow a step of the same k are recorded: a draft model catches up at each step on the
+    tokens it has not seen (the last step's accepted ones), so a step right after a longer or shorter k, or
+    the first speculative step of a call (where a draft model also prefills the prompt), would not cost
+    what a step at a fixed k costs.
+
+    Args:
+        k_min: the smallest k.
+        k_max: the largest k.
+        repeat: steps per k before the next (>= 2, so that every k has recorded steps).
+
+    Attributes:
+        calls: one dict per generate call (the loop calls :meth:`reset` at the start of each), mapping the
+            number of drafted positions d to a list of ``(draft_time_s, verify_time_s)`` of recorded steps.
+
+    Use: ``model.generate(..., custom_generate=hf_spec.generate, drafter=d, num_speculative_tokens=CycleK(1, 6))``.
+    """
+
+    def __init__(self, k_min: int = 1, k_max: int = 8, repeat: int = 2):
+        if not (isinstance(repeat, int) and repeat >= 2):
+            raise ValueError(f"repeat must be an integer >= 2, got {repeat!r}")
+        self.repeat = repeat
+        self.calls: list[dict[int, list[tuple[float, float]]]] = []
+        super().__init__(k_min=k_min, k_max=k_max)
+        self.calls.clear()  # __init__'s own reset is not a call
+
+    def reset(self, drafter_k: int | None = None, drafter_k_max: int | None = None) -> None:
+        super().reset(drafter_k, drafter_k_max)
+        self.calls.append({})
+        self._next, self._previous_k = 0, None
+
+    def __call__(self, event: StepEvent) -> None:
+        if event.step == 0:
+            return
+        k, previous = event.num_speculative_tokens, self._previous_k
+        self._previous_k = k
+        if k != previous:
+            return
+        drafted = max((len(d) for d, e in zip(event.drafted, event.emitted) if e), default=0)
+        self.calls[-1].setdefault(drafted, []).append((event.draft_time_s, event.verify_time_s))
+
+    def decide(self) -> tuple[int, dict | None]:
+        k = self.lo + (self._next // self.repeat) % (self.hi - self.lo + 1)
+        self._next += 1
+        return k, None
 
 
 def make_controller(num_speculative_tokens) -> AdaptiveK | None:
