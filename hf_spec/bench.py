@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -60,7 +60,8 @@ class Method:
     Attributes:
         name: the key in ``results.json`` (the ``--methods`` entry, with ``@k=K`` in a k sweep).
         kind: ``baseline``, ``draft``, ``ngram``, ``medusa``, ``hf-assisted`` or ``hf-prompt-lookup``.
-        k: num_speculative_tokens: an int, "auto" (hf-spec's methods only), or None for the baseline.
+        k: num_speculative_tokens: an int, "auto" or a controller such as :class:`~hf_spec.adaptive.CycleK`
+            (hf-spec's methods only), or None for the baseline.
         draft: the draft model's short name (draft and hf-assisted), or the heads folder (medusa).
     """
 
@@ -68,7 +69,6 @@ class Method:
     kind: str
     k: int | None = None
     draft: str | None = None
-    kwargs: dict = field(default_factory=dict, repr=False)
 
 
 def parse_methods(spec: str, ks: list[int], draft_name: str | None = None) -> list[Method]:
@@ -208,10 +208,13 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     return row
 
 
-def _load_draft(name: str, dtype):
+def _load_draft(name: str, dtype, device=None):
+    """A draft model by name, in ``dtype``, on ``device`` (the target's; CPU when ``None``)."""
     from .models import load
 
     model, _ = load(name, dtype=dtype)
+    if device is not None and torch.device(device).type not in ("cpu", "meta"):
+        model.to(device)
     return model
 
 
@@ -239,7 +242,7 @@ def run_bench(
         max_new_tokens: new tokens per prompt.
         temperature: 0 = greedy; > 0 samples.
         repeats: runs per prompt and method; the median run (by total time) is kept.
-        draft_dtype: dtype of draft models.
+        draft_dtype: dtype of draft models (loaded on the target's device).
         journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;
             a run with the same settings and journal skips the prompts already there (resume after an
             interruption). Machine drift between the sessions hits every method alike, since methods are
@@ -253,7 +256,9 @@ def run_bench(
     """
     from tqdm import tqdm
 
-    key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": [(m.name, m.kind, m.k, m.draft) for m in methods],
+    method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.draft)
+                   for m in methods]
+    key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
                       "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
                       "temperature": temperature, "repeats": repeats, "draft_dtype": str(draft_dtype),
                       "dtype": str(target.dtype), "seed": seed})
@@ -272,14 +277,14 @@ def run_bench(
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     draft_models = {m.draft: None for m in methods if m.kind == "draft"}
     for name in draft_models:
-        draft_models[name] = _load_draft(name, draft_dtype)
+        draft_models[name] = _load_draft(name, draft_dtype, target.device)
     hf_draft = None
     hf_names = {m.draft for m in methods if m.kind == "hf-assisted"}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
-        hf_draft = _load_draft(hf_names.pop(), draft_dtype)
+        hf_draft = _load_draft(hf_names.pop(), draft_dtype, target.device)
     drafters, medusa = {}, {}
     for m in methods:
-        k = 3 if m.k == "auto" else m.k  # with auto, the loop's controller sets k per step (3 is its start)
+        k = m.k if isinstance(m.k, int) else 3  # "auto" or a controller sets k per step (3 is where auto starts)
         if m.kind == "draft":
             drafters[m.name] = DraftModelDrafter(draft_models[m.draft], k)
         elif m.kind == "ngram":
@@ -287,7 +292,7 @@ def run_bench(
         elif m.kind == "medusa":
             if m.draft not in medusa:
                 medusa[m.draft] = MedusaDrafter(MedusaHeads.from_pretrained(m.draft, target=target),
-                                                None if m.k == "auto" else m.k)
+                                                m.k if isinstance(m.k, int) else None)
             drafters[m.name] = medusa[m.draft]  # one drafter (one lm_head hook) per folder; k set per run
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
@@ -338,8 +343,7 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
         "acceptance_rate": None,
         "mean_accepted_length": None,
         "acceptance_by_position": [],
-        "identical_fraction": (sum(m["tokens"] == b["tokens"] for m, b in zip(mine, base)) / len(mine)
-                               if greedy else None),
+        "identical_fraction": (sum(_identical(m, b) for m, b in zip(mine, base)) / len(mine) if greedy else None),
     }
     stats = [m["stats"] for m in mine if "stats" in m]
     if stats:
@@ -352,6 +356,13 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
             out.update(k_mean=statistics.fmean(total.k_per_step) if total.k_per_step else None,
                        speculation_off_fraction=total.k_per_step.count(0) / max(1, len(total.k_per_step)))
     return out
+
+
+def _identical(run: dict, base: dict) -> bool:
+    """Whether a run's tokens equal the baseline's (from the tokens, or from a results.json's flag)."""
+    if "tokens" in run and "tokens" in base:
+        return run["tokens"] == base["tokens"]
+    return bool(run["identical"])
 
 
 def _tokens_per_forward(stats: SpecStats) -> float:
@@ -411,6 +422,23 @@ def summarize(raw: dict, methods: list[Method], greedy: bool) -> dict:
             entry["model"] = model_check(prompts, m.name, m.k)
         entry["per_category"] = {c: _aggregate([p for p in prompts if p["category"] == c], m.name, greedy) for c in cats}
         out[m.name] = entry
+    return out
+
+
+def speedup_vs_k(summary: dict, methods: list[Method]) -> dict:
+    """Per method family (``draft:NAME``, ``ngram``...), one point per fixed k: the measured decode-phase
+    speedup (baseline TPOT over the method's) beside the speedup model's prediction from the run's own
+    acceptance, cost ratio and verify cost (:func:`model_check`; ``None`` for transformers' methods)."""
+    out: dict[str, list] = {}
+    for m in methods:
+        if m.kind == "baseline" or not isinstance(m.k, int):  # k=auto has no single k to put on the axis
+            continue
+        check = summary[m.name].get("model")
+        point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
+                 "measured_total": summary[m.name]["speedup_total"], "predicted": None}
+        if check:
+            point.update(predicted=check["predicted"], cost_ratio=check["cost_ratio"], verify_cost=check["verify_cost"])
+        out.setdefault(m.name.split("@", 1)[0], []).append(point)
     return out
 
 
@@ -499,6 +527,7 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
     try:
         per_prompt = [{k: v for k, v in p.items() if k != "runs"} | {
             "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")}
+                     | {"identical": _identical(r, p["runs"]["baseline"])}
                      | ({"stats": {k: v for k, v in r["stats"].to_dict().items() if k != "per_row"}} if "stats" in r else {})
                      for n, r in p["runs"].items()}}
             for p in raw["prompts"]]
@@ -522,6 +551,37 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def load_results(path: str | Path) -> tuple[dict, dict, list[Method]]:
+    """Read a ``results.json`` back into ``(config, raw, methods)`` for :func:`summarize` and
+    :func:`write_report` (e.g. to combine runs: ``scripts/combine_bench.py``).
+
+    Per-prompt statistics become :class:`~hf_spec.metrics.SpecStats` again; token ids are not stored, so each
+    run carries its ``identical`` flag (files written before the flag existed: taken from the method's
+    ``identical_fraction`` when that is 0 or 1).
+
+    Raises:
+        ValueError: a file without per-prompt data, or whose identity per prompt cannot be told.
+    """
+    from dataclasses import fields
+
+    result = json.loads(Path(path).read_text())
+    if "prompts" not in result:
+        raise ValueError(f"{path} has no per-prompt data (written by an older hf-spec)")
+    config = result["config"]
+    methods = parse_methods(config["methods"], config["ks"])
+    names = {f.name for f in fields(SpecStats)} - {"per_row"}
+    for p in result["prompts"]:
+        for name, run in p["runs"].items():
+            if "stats" in run:
+                run["stats"] = SpecStats(**{k: v for k, v in run["stats"].items() if k in names})
+            if "identical" not in run:
+                fraction = result["methods"][name]["identical_fraction"]
+                if fraction not in (0.0, 1.0):
+                    raise ValueError(f"{path}: cannot tell which prompts of {name} were identical ({fraction:.0%})")
+                run["identical"] = fraction == 1.0
+    return config, {"prompts": result["prompts"]}, methods
 
 
 def machine_config() -> dict:

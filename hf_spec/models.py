@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +43,8 @@ __all__ = [
     "resolve_name",
     "provision",
     "load",
+    "QUANTIZATIONS",
+    "bitsandbytes_config",
 ]
 
 
@@ -258,14 +261,44 @@ def _check_file_sha256(path: Path, expected: str) -> None:
         )
 
 
-def load(name: str, dtype=None, device_map=None, **kwargs):
+#: ``quantization=`` values of :func:`load`: bitsandbytes 4-bit weight types (quantized while loading)
+QUANTIZATIONS = ("nf4", "fp4")
+
+
+def bitsandbytes_config(quantization: str, dtype=None):
+    """A ``transformers.BitsAndBytesConfig`` for 4-bit weights of type ``quantization`` (``"nf4"`` or
+    ``"fp4"``; Dettmers et al. 2023, QLoRA) computing in ``dtype`` (default float32).
+
+    Raises:
+        ValueError: an unknown quantization.
+        ImportError: bitsandbytes is not installed (with the command that installs it).
+    """
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)} "
+                         "(AWQ and GPTQ checkpoints load as they are: pass their folder as the model)")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError(f"quantization={quantization!r} needs bitsandbytes: pip install 'hf-spec[bitsandbytes]'")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantization,
+                              bnb_4bit_compute_dtype=dtype if dtype is not None else torch.float32)
+
+
+def load(name: str, dtype=None, device_map=None, quantization: str | None = None, **kwargs):
     """Load ``(model, tokenizer)`` by short name, local path, or hub name.
 
     Args:
         name: a known offline model (provisioned on first use), a local folder, or any name that
             ``from_pretrained`` accepts (passed through unchanged, so hub names work where the hub is reachable).
-        dtype: ``torch.dtype`` or string (``"float32"``, ``"bfloat16"``, ``"auto"``); default float32.
+            A folder holding an AWQ or GPTQ checkpoint loads through transformers' own quantizers.
+        dtype: ``torch.dtype`` or string (``"float32"``, ``"bfloat16"``, ``"auto"``); default float32. With a
+            quantized model, the compute dtype of its non-quantized parts and of the 4-bit matmuls.
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to shard with accelerate).
+        quantization: ``"nf4"`` or ``"fp4"`` to quantize the weights to 4 bits with bitsandbytes while loading
+            (:func:`bitsandbytes_config`); ``None`` keeps the checkpoint's own weights.
         **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
 
     Returns:
@@ -273,6 +306,8 @@ def load(name: str, dtype=None, device_map=None, **kwargs):
 
     Raises:
         UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
+        ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint.
+        ImportError: ``quantization`` without bitsandbytes installed.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -292,6 +327,12 @@ def load(name: str, dtype=None, device_map=None, **kwargs):
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
+    if quantization is not None:
+        config = Path(path) / "config.json"
+        if config.is_file() and "quantization_config" in json.loads(config.read_text()):
+            raise ValueError(f"{name} is already quantized ({json.loads(config.read_text())['quantization_config'].get('quant_method')}); "
+                             f"load it without quantization={quantization!r}")
+        kwargs["quantization_config"] = bitsandbytes_config(quantization, dtype if dtype != "auto" else None)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
     )

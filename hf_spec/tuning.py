@@ -24,7 +24,8 @@ from transformers import DynamicCache
 from .kernels import install_verify_linear, verify_linear
 from .ragged import crop_cache_to
 
-__all__ = ["expected_tokens_per_step", "expected_speedup", "best_k", "conditional_acceptance",
+__all__ = ["expected_tokens_per_step", "expected_speedup", "best_k", "conditional_acceptance", "in_loop_costs",
+           "expected_speedups",
            "measure_forward_times", "measure_verify_cost", "measure_cost_ratio"]
 
 
@@ -104,6 +105,53 @@ def conditional_acceptance(stats) -> list[float]:
     :class:`~hf_spec.metrics.SpecStats`; a position the drafter left empty counts as a rejection (so an
     n-gram drafter that finds no match lowers a_1)."""
     return [a / r if r else 0.0 for a, r in zip(stats.accepted_per_position, stats.reached_per_position)]
+
+
+def in_loop_costs(calls: Sequence[dict], t_plain: float, k_max: int) -> tuple[list[float], list[float]]:
+    """The draft cost and verify cost of each k, as the decoding loop itself spent them.
+
+    Args:
+        calls: :attr:`hf_spec.adaptive.CycleK.calls` of a calibration run (drafted positions d ->
+            ``[(draft_time_s, verify_time_s), ...]`` per generate call), warm-up calls left out.
+        t_plain: T_1 in seconds, a plain decode step (e.g. the baseline's TPOT on the same prompts).
+        k_max: the largest k to report.
+
+    Returns:
+        ``(c, verify)``: ``c[k - 1]`` = mean drafting seconds per drafted position in steps that drafted k,
+        over T_1 (the draft's catch-up on accepted tokens, logits processing and bookkeeping included, which
+        isolated forwards miss), for k = 1..k_max; ``verify[n - 1]`` = mean seconds of a verify step over n
+        positions (forward and acceptance rule) over T_1, for n = 1..k_max+1 (``verify[0] = 1``). A k not
+        seen takes the mean over all drafted positions; an n not seen, a line through the origin-anchored
+        points that were (``T_verify(n)/T_1 = 1 + s (n - 1)``).
+
+    Raises:
+        ValueError: t_plain <= 0, or no step drafted anything.
+    """
+    if t_plain <= 0:
+        raise ValueError(f"t_plain must be > 0 seconds, got {t_plain}")
+    sums: dict[int, list[float]] = {}
+    for call in calls:
+        for d, times in call.items():
+            s = sums.setdefault(d, [0.0, 0.0, 0])
+            for draft_s, verify_s in times:
+                s[0] += draft_s
+                s[1] += verify_s
+                s[2] += 1
+    drafted = {d: s for d, s in sums.items() if d > 0 and s[2]}
+    if not drafted:
+        raise ValueError("no step drafted anything: nothing to measure the draft and verify cost from")
+    per_position = sum(s[0] for s in drafted.values()) / sum(d * s[2] for d, s in drafted.items())
+    c = [(drafted[k][0] / drafted[k][2] / k if k in drafted else per_position) / t_plain for k in range(1, k_max + 1)]
+    seen = {d + 1: s[1] / s[2] / t_plain for d, s in drafted.items()}
+    pts = [(n - 1, v - 1.0) for n, v in seen.items()]
+    slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+    verify = [1.0] + [seen.get(n, 1.0 + slope * (n - 1)) for n in range(2, k_max + 2)]
+    return c, verify
+
+
+def expected_speedups(acceptance, c: Sequence[float], verify: Sequence[float]) -> dict[int, float]:
+    """:func:`expected_speedup` for k = 1..len(c), with a cost ratio per k (from :func:`in_loop_costs`)."""
+    return {k: expected_speedup(acceptance, k, c[k - 1], verify) for k in range(1, len(c) + 1)}
 
 
 @torch.no_grad()

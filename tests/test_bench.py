@@ -4,10 +4,13 @@ only: no timing assertions)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from hf_spec.bench import KEYS, parse_methods, write_report
+from hf_spec.bench import KEYS, markdown_table, parse_methods, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args):
@@ -101,6 +104,18 @@ def test_bench_end_to_end(tmp_path):
     assert "| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |" in md
     for png in ("speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_k.png"):
         assert (out / png).stat().st_size > 1000
+    # results.json reads back into the same report, and runs combine (a later run's prompts replace the first's)
+    from hf_spec.bench import load_results, summarize
+
+    config, raw, methods = load_results(out / "results.json")
+    assert markdown_table(summarize(raw, methods, greedy=True)) == markdown_table(res["methods"])
+    combined = tmp_path / "combined"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "combine_bench.py"), "--out", str(combined), str(out), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = json.loads((combined / "results.json").read_text())
+    assert again["config"]["replaced_question_ids"] == [p["question_id"] for p in res["prompts"]]
+    assert markdown_table(again["methods"]) == markdown_table(res["methods"])
 
 
 @pytest.mark.slow
@@ -110,10 +125,14 @@ def test_tune_end_to_end():
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert len(res["conditional_acceptance"]) == 3 and all(0 <= a <= 1 for a in res["conditional_acceptance"])
-    assert len(res["verify_cost"]) == 4 and res["verify_cost"][0] == 1.0 and res["cost_ratio"] > 0
+    # the calibration run (k cycling 1..3 in the loop) measured a draft and verify cost for every k
+    assert len(res["verify_cost"]) == 4 and res["verify_cost"][0] == 1.0 and all(v > 0 for v in res["verify_cost"])
+    assert len(res["cost_ratio"]) == 3 and all(c > 0 for c in res["cost_ratio"]) and res["t_plain_s"] > 0
     assert set(res["predicted"]) == {"1", "2", "3"} and 1 <= res["best_k"] <= 3
     assert res["measured"] and str(res["best_k"]) in res["measured"]
-    assert all(m["identical_fraction"] == 1.0 for m in res["measured"].values())
+    for k, m in res["measured"].items():
+        assert m["identical_fraction"] == 1.0
+        assert m["prediction_error"] == pytest.approx(res["predicted"][k] / m["speedup_decode"] - 1)
 
 
 def test_bench_bad_input():
