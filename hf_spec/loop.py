@@ -114,6 +114,11 @@ def generate(
 def _validate(model, input_ids, drafter, generation_config, num_speculative_tokens, cache) -> None:
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
+    if model.device.type == "meta":
+        raise ValueError(
+            "the target's input embeddings are offloaded (device meta), so there is no device to run on: keep "
+            "them in memory in device_map (e.g. {'model.embed_tokens': 'cpu', ...}); decoder layers may be offloaded"
+        )
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:

@@ -19,6 +19,9 @@ torch.set_num_threads(max(1, os.cpu_count() or 1))
 #: output's first divergence from plain greedy is examined. Verifying k+1 positions in one forward uses
 #: different matmul shapes than k+1 one-token forwards; observed differences are ~1e-5.
 TIE_BOUND = 1e-3
+#: The same in bfloat16 compute: bfloat16 keeps 8 significant bits, so logits of magnitude 16-32 are rounded
+#: to steps of 0.125-0.25 and two computations of one logit can differ by a few steps.
+BF16_TIE_BOUND = 0.5
 
 
 def layer_skip_copy(model, keep: list[int]):
@@ -94,6 +97,56 @@ def first_divergence(a: torch.Tensor, b: torch.Tensor, start: int) -> int | None
     if diff.numel():
         return start + int(diff[0])
     return None if a.shape[1] == b.shape[1] else n
+
+
+def check_greedy_identical(model, tokenizer, prompts, make_drafter, label, new_tokens, ks, bound=TIE_BOUND, max_ties=1):
+    """Greedy speculative output (``make_drafter(k)`` for each k) against ``model``'s own greedy
+    ``generate`` on every prompt: where they differ, the first divergence must be a near-tie (top-2 logit
+    gap under ``bound``), and there may be at most ``max_ties`` such. Returns ``(runs, gaps)``."""
+    gaps, runs = [], 0
+    for q in prompts:
+        enc = encode(tokenizer, q.text)
+        base = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False)
+        for k in ks:
+            out = model.generate(**enc, custom_generate=hf_spec.generate, drafter=make_drafter(k),
+                                 max_new_tokens=new_tokens, do_sample=False)
+            runs += 1
+            j = first_divergence(out.sequences, base, enc["input_ids"].shape[1])
+            if j is not None:
+                gap = top2_gap(model, base[:, :j])
+                assert gap < bound, f"{label} k={k} {q.category}: divergence at new token {j} is no near-tie ({gap:.2e})"
+                gaps.append(gap)
+    assert len(gaps) <= max_ties, f"{label}: {len(gaps)} near-tie divergences {gaps}"
+    return runs, gaps
+
+
+def verify_vs_decode(model, tokenizer, prompts, n: int = 4) -> tuple[float, int, int]:
+    """How differently ``model`` computes n positions in one forward (a verify forward, through hf-spec's
+    verify-friendly linear layers where they apply) from n one-position forwards (plain decoding), after
+    each prompt and on its own greedy continuation. Returns (largest absolute logit difference, positions
+    where the greedy choice differs, positions compared)."""
+    from transformers import DynamicCache
+
+    from hf_spec.kernels import install_verify_linear, verify_linear
+
+    if model.dtype == torch.float32:
+        install_verify_linear(model)
+    worst, flips, count = 0.0, 0, 0
+    for q in prompts:
+        ids = encode(tokenizer, q.text)["input_ids"]
+        with torch.no_grad():
+            block = model.generate(input_ids=ids, max_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
+            caches = [DynamicCache(config=model.config) for _ in range(2)]
+            for cache in caches:
+                model(input_ids=ids, cache=cache, use_cache=True)
+            with verify_linear(True):
+                many = model(input_ids=block, cache=caches[0], use_cache=True, logits_to_keep=block.shape[1]).logits[0].float()
+            one = torch.stack([model(input_ids=block[:, i:i + 1], cache=caches[1], use_cache=True).logits[0, -1].float()
+                               for i in range(block.shape[1])])
+        worst = max(worst, float((many - one).abs().max()))
+        flips += int((many.argmax(-1) != one.argmax(-1)).sum())
+        count += block.shape[1]
+    return worst, flips, count
 
 
 def top2_gap(model, prefix: torch.Tensor) -> float:

@@ -164,3 +164,25 @@ def test_generate_bad_auto_and_port():
                       (["--prometheus-hold", "-1"], "--prometheus-hold")]:
         r = run("generate", "--target", "smollm2-135m", "--prompt", "hi", *args)
         assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("args,msg", [
+    ([], "group size 128 does not divide {'hidden_size': 576}; use --group-size 64"),
+    (["--group-size", "64", "--calibration", "/no/such/texts.txt"], "no calibration file /no/such/texts.txt"),
+    (["--group-size", "64", "--num-texts", "2"], "--num-texts must be >= 8"),
+    (["--target", "no-such-model"], "neither an offline model name nor a model folder"),
+])
+def test_quantize_bad_input(tmp_path, args, msg):
+    argv = ["quantize", "--out", str(tmp_path / "awq")] + (["--target", "smollm2-135m"] if "--target" not in args else [])
+    r = run(*argv, *args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_generate_with_an_nf4_target():
+    r = run("generate", "--target", "smollm2-135m", "--quantization", "nf4", "--drafter", "ngram", "-k", "3",
+            "--max-new-tokens", "16", "--prompt", "Write a Python function that reverses a string.", "--chat",
+            "--compare", "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["config"]["quantization"] == "nf4" and out["identical_to_baseline"] is True

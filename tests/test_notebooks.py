@@ -14,7 +14,7 @@ NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 5
+    assert len(NOTEBOOKS) >= 6
 
 
 @pytest.mark.slow

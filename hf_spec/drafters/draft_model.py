@@ -38,7 +38,7 @@ class DraftModelDrafter(Drafter):
         draft_tokenizer: optional, the draft's tokenizer (see ``tokenizer``).
 
     Raises:
-        ValueError: ``num_speculative_tokens`` < 1.
+        ValueError: ``num_speculative_tokens`` < 1; (from :meth:`prepare`) a draft offloaded with accelerate.
         VocabularyMismatchError: (from :meth:`prepare`) the vocabularies differ; the message names both.
     """
 
@@ -60,6 +60,12 @@ class DraftModelDrafter(Drafter):
 
     def prepare(self, target, input_ids, generation_config, logits_processor=None) -> None:
         super().prepare(target, input_ids, generation_config, logits_processor)
+        if self.device.type == "meta" or any(p.device.type == "meta" for p in self.draft_model.parameters()):
+            raise ValueError(
+                "the draft model is partly offloaded (device meta): it runs k forwards per step, so reading weights "
+                "from disk would cost more than it saves; load it whole on one device (no device_map), in a "
+                "smaller dtype if memory is short"
+            )
         t_vocab, d_vocab = _vocab_size(target), _vocab_size(self.draft_model)
         if t_vocab != d_vocab:
             raise VocabularyMismatchError(
