@@ -193,23 +193,19 @@ class AdaptiveK:
         slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)) if pts else 0.0
         return 1.0 + slope * (n - 1)
 
-    def cost_ratio(self) -> float:
-        """Estimated c: drafting seconds per drafted token (the slope of :meth:`draft_line`) over T_1."""
-        return self.draft_line()[1] / self.t_plain
-
-    def step_cost(self, k: int) -> float:
+    def step_cost(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
         """Seconds of one step at k over T_1: measured (median) where k was used, else
-        ``T_verify(k+1)/T_1 + (c_0 + c_1 k)/T_1``."""
+        ``T_verify(k+1)/T_1 + (c_0 + c_1 k)/T_1`` (``draft_line``: :meth:`draft_line`, when already computed)."""
         if k == 0:
             return 1.0
         if self._step.get(k):
             return self._median(self._step[k]) / self.t_plain
-        c0, c1 = self.draft_line()
+        c0, c1 = draft_line or self.draft_line()
         return self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
 
-    def predicted_speedup(self, k: int) -> float:
+    def predicted_speedup(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
         """Predicted speedup over plain decoding at k (needs T_1 measured)."""
-        return expected_tokens_per_step(self.acceptance(), k) / self.step_cost(k)
+        return expected_tokens_per_step(self.acceptance(), k) / self.step_cost(k, draft_line)
 
     # ---- the decision ---------------------------------------------------------------------------
     def _set(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
@@ -231,7 +227,8 @@ class AdaptiveK:
             return self.k, self.pending
         if self.mode in ("on", "probe") and self.steps_in_mode < self.dwell_steps:
             return self.k, self.pending  # measure a new k (or a probe) for a few steps before judging it
-        best, speed = max(((k, self.predicted_speedup(k)) for k in range(self.lo, self.hi + 1)),
+        line = self.draft_line()  # once per step, shared by every k
+        best, speed = max(((k, self.predicted_speedup(k, line)) for k in range(self.lo, self.hi + 1)),
                           key=lambda t: (t[1], -t[0]))
         if self.mode == "off":
             if self.steps_in_mode >= self.off_length:
@@ -251,7 +248,7 @@ class AdaptiveK:
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
             return self.k, self.pending
-        current = self.predicted_speedup(self.k)
+        current = self.predicted_speedup(self.k, line)
         if best != self.k and speed > current * (1 + self.margin):
             self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
         return self.k, self.pending

@@ -358,6 +358,11 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
     return out
 
 
+def decode_time_per_token(runs: list[dict]) -> float:
+    """Seconds per output token after the first (TPOT), over several runs' totals (prefill excluded)."""
+    return sum(r["total_s"] - r["ttft_s"] for r in runs) / max(1, sum(r["new_tokens"] - 1 for r in runs))
+
+
 def _identical(run: dict, base: dict) -> bool:
     """Whether a run's tokens equal the baseline's (from the tokens, or from a results.json's flag)."""
     if "tokens" in run and "tokens" in base:
@@ -392,7 +397,7 @@ def model_check(prompts: list[dict], name: str, k: int) -> dict | None:
     if not runs or any("stats" not in r or not hasattr(r["stats"], "draft_time_s") for r in runs) or not k:
         return None
     base = [p["runs"]["baseline"] for p in prompts]
-    t1 = sum(b["total_s"] - b["ttft_s"] for b in base) / max(1, sum(b["new_tokens"] - 1 for b in base))
+    t1 = decode_time_per_token(base)
     total = SpecStats()
     for r in runs:
         total.merge(r["stats"])
@@ -404,7 +409,7 @@ def model_check(prompts: list[dict], name: str, k: int) -> dict | None:
     c = total.draft_time_s / (steps * k) / t1
     acceptance = conditional_acceptance(total) or [0.0]
     predicted = expected_speedup(acceptance, k, c, lambda n: verify)
-    measured = t1 / (sum(r["total_s"] - r["ttft_s"] for r in runs) / max(1, sum(r["new_tokens"] - 1 for r in runs)))
+    measured = t1 / decode_time_per_token(runs)
     return {"predicted": predicted, "measured": measured, "error": predicted / measured - 1, "cost_ratio": c,
             "verify_cost": verify, "conditional_acceptance": acceptance}
 

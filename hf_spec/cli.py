@@ -415,7 +415,7 @@ def _bench(args) -> int:
 def _tune(args) -> int:
     from . import load
     from .adaptive import CycleK
-    from .bench import Method, run_bench, summarize
+    from .bench import Method, decode_time_per_token, run_bench, summarize
     from .metrics import SpecStats
     from .models import resolve_dtype
     from .prompts import load_questions
@@ -441,8 +441,7 @@ def _tune(args) -> int:
     methods = [Method("baseline", "baseline"), Method(f"{args.drafter}@k=1..{args.k_max}", kind, cycle, draft_name)]
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
                     progress=not args.json)
-    base = [p["runs"]["baseline"] for p in raw["prompts"]]
-    t_plain = sum(b["total_s"] - b["ttft_s"] for b in base) / max(1, sum(b["new_tokens"] - 1 for b in base))
+    t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
     stats = SpecStats()
     for p in raw["prompts"]:
         stats.merge(p["runs"][methods[1].name]["stats"])
@@ -535,8 +534,6 @@ def main(argv=None) -> int:
         if args.command == "quantize":
             from .quantize import quantize_awq
 
-            if args.num_texts < 8 or args.group_size < 1 or args.max_chars < 64:
-                raise ValueError("--num-texts must be >= 8, --group-size >= 1 and --max-chars >= 64")
             out = quantize_awq(args.target, args.out, group_size=args.group_size, calibration=args.calibration,
                                num_texts=args.num_texts, max_chars=args.max_chars, device=args.device)
             print(f"AWQ-INT4 checkpoint written to {out}; use it as --target {out}")

@@ -45,6 +45,7 @@ __all__ = [
     "load",
     "QUANTIZATIONS",
     "bitsandbytes_config",
+    "quantization_method",
 ]
 
 
@@ -265,6 +266,16 @@ def _check_file_sha256(path: Path, expected: str) -> None:
 QUANTIZATIONS = ("nf4", "fp4")
 
 
+def quantization_method(path: str | Path) -> str | None:
+    """The ``quant_method`` of a model folder's ``config.json`` (``"awq"``, ``"gptq"``, ``"bitsandbytes"``...),
+    or ``None`` for an unquantized model or a path without a config (a hub name)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    quantization = json.loads(config.read_text()).get("quantization_config")
+    return None if quantization is None else str(quantization.get("quant_method", "unknown"))
+
+
 def bitsandbytes_config(quantization: str, dtype=None):
     """A ``transformers.BitsAndBytesConfig`` for 4-bit weights of type ``quantization`` (``"nf4"`` or
     ``"fp4"``; Dettmers et al. 2023, QLoRA) computing in ``dtype`` (default float32).
@@ -328,10 +339,9 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     if quantization is not None:
-        config = Path(path) / "config.json"
-        if config.is_file() and "quantization_config" in json.loads(config.read_text()):
-            raise ValueError(f"{name} is already quantized ({json.loads(config.read_text())['quantization_config'].get('quant_method')}); "
-                             f"load it without quantization={quantization!r}")
+        already = quantization_method(path)
+        if already is not None:
+            raise ValueError(f"{name} is already quantized ({already}); load it without quantization={quantization!r}")
         kwargs["quantization_config"] = bitsandbytes_config(quantization, dtype if dtype != "auto" else None)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs

@@ -95,12 +95,15 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     Raises:
         ImportError: gptqmodel is not installed.
         FileExistsError: ``out`` exists.
-        ValueError: bits other than 4, a group size that does not divide the model's sizes, too few texts.
+        ValueError: bits other than 4, a group size that does not divide the model's sizes, max_chars < 64, too
+            few texts (under 8).
     """
-    from .models import provision, resolve_name
+    from .models import provision, quantization_method, resolve_name
 
     if bits != 4:
         raise ValueError(f"bits={bits}: AWQ checkpoints here are 4-bit (AWQ-INT4)")
+    if group_size < 1 or max_chars < 64:
+        raise ValueError(f"need group_size >= 1 and max_chars >= 64, got {group_size} and {max_chars}")
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} exists; remove it or choose another --out")
@@ -108,10 +111,10 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     path = provision(short) if short is not None else Path(target)
     if not (path / "config.json").is_file():
         raise ValueError(f"{target} is neither an offline model name nor a model folder (no config.json)")
-    config = json.loads((path / "config.json").read_text())
-    if "quantization_config" in config:
-        raise ValueError(f"{target} is already quantized ({config['quantization_config'].get('quant_method')})")
-    _check_group_size(config, group_size)
+    already = quantization_method(path)
+    if already is not None:
+        raise ValueError(f"{target} is already quantized ({already})")
+    _check_group_size(json.loads((path / "config.json").read_text()), group_size)
     texts = calibration_texts(calibration, num_texts, max_chars)
     if importlib.util.find_spec("gptqmodel") is None:
         raise ImportError("AWQ quantization needs gptqmodel: pip install 'hf-spec[quantization]' (gptqmodel 7.6.0)")

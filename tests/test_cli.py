@@ -169,7 +169,8 @@ def test_generate_bad_auto_and_port():
 @pytest.mark.parametrize("args,msg", [
     ([], "group size 128 does not divide {'hidden_size': 576}; use --group-size 64"),
     (["--group-size", "64", "--calibration", "/no/such/texts.txt"], "no calibration file /no/such/texts.txt"),
-    (["--group-size", "64", "--num-texts", "2"], "--num-texts must be >= 8"),
+    (["--group-size", "64", "--num-texts", "2"], "gives 2 calibration texts; AWQ needs at least 8"),
+    (["--group-size", "0"], "need group_size >= 1"),
     (["--target", "no-such-model"], "neither an offline model name nor a model folder"),
 ])
 def test_quantize_bad_input(tmp_path, args, msg):
