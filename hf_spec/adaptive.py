@@ -14,7 +14,11 @@
   and a per-token part, fitted through the k seen).
 
 Times are medians of the last ``window`` measurements, so one-off costs (a draft model's prefill of the
-prompt at its first draft, a cache reallocation) do not sway them.
+prompt at its first draft, a cache reallocation) do not sway them. A k's steps that drafted and those that
+did not (an n-gram drafter that found no match verifies one position: a plain step) have a median each,
+weighted by how often each happened: one median over both would report the cheap mode while the expensive
+one costs, and keep speculation on where it loses (measured: 2026-11-30, n-gram on a writing prompt, 28
+steps at a_1 = 0.02 before switching off).
 
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
 ``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
@@ -108,7 +112,7 @@ class AdaptiveK:
         self._plain: list[float] = []
         self._verify: dict[int, list[float]] = {}
         self._draft: dict[int, list[float]] = {}  # drafting seconds per step, by k
-        self._step: dict[int, list[float]] = {}  # drafting + verifying seconds per step, by k
+        self._step: dict[int, list[tuple[float, bool]]] = {}  # (drafting + verifying seconds, drafted?) by k
         self.k = 0  # the k of the coming step; 0 = plain decoding
         self.mode = "start"  # start -> on <-> off -> probe -> on | off
         self.steps_in_mode = 0
@@ -162,7 +166,8 @@ class AdaptiveK:
         k = event.num_speculative_tokens
         if k > 0:
             self._add(self._draft.setdefault(k, []), event.draft_time_s)
-            self._add(self._step.setdefault(k, []), event.draft_time_s + event.verify_time_s)
+            # (seconds, whether it drafted): a drafter that found nothing (an n-gram miss) makes a plain step
+            self._add(self._step.setdefault(k, []), (event.draft_time_s + event.verify_time_s, n > 1))
             while len(self.reached) < k:
                 self.reached.append(0.0)
                 self.accepted.append(0.0)
@@ -194,12 +199,18 @@ class AdaptiveK:
         return 1.0 + slope * (n - 1)
 
     def step_cost(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
-        """Seconds of one step at k over T_1: measured (median) where k was used, else
+        """Seconds of one step at k over T_1: measured where k was used (the medians of its steps that drafted
+        and of those that did not, weighted by how often each happened), else
         ``T_verify(k+1)/T_1 + (c_0 + c_1 k)/T_1`` (``draft_line``: :meth:`draft_line`, when already computed)."""
         if k == 0:
             return 1.0
         if self._step.get(k):
-            return self._median(self._step[k]) / self.t_plain
+            steps = self._step[k]
+            drafted = [t for t, d in steps if d]
+            plain = [t for t, d in steps if not d]
+            p = len(drafted) / len(steps)  # a bimodal cost (n-gram hits and misses): the median of each mode,
+            seconds = p * (self._median(drafted) or 0.0) + (1 - p) * (self._median(plain) or 0.0)  # mixed
+            return seconds / self.t_plain
         c0, c1 = draft_line or self.draft_line()
         return self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
 
