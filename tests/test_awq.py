@@ -1,11 +1,12 @@
 """An AWQ-INT4 target (SmolLM2-135M quantized by ``hf-spec quantize`` on the CPU, cached under
 ``$HF_SPEC_CACHE/awq/``) with the n-gram drafter, a bfloat16 draft and the AWQ model drafting for itself.
 
-On the CPU, gptqmodel runs AWQ layers with ``TorchAtenAwqLinear`` (PyTorch's int4-packed matmul), which
-computes a product over several rows differently from the same rows one at a time: the largest logit
-difference between one 4-position forward and four 1-position forwards was 0.33 in float32 compute (0.69
-in bfloat16) on SmolLM2, against 5e-5 for float32 and 6e-5 for NF4 (``test_quantized.py``). So a verify
-forward can round a near-tie the other way than plain decoding does. The tests check what holds: every
+On the CPU, gptqmodel runs AWQ layers with ``TorchAtenAwqLinear``: PyTorch's int4-packed matmul, which is
+row-consistent itself, between a cast of the input to bfloat16 and of the output back, whatever the model's
+dtype. A float32 rounding difference elsewhere in a verify forward that crosses a bfloat16 rounding boundary
+becomes a bfloat16 step: the largest logit difference between one 4-position forward and four 1-position
+forwards was 0.33 in "float32" compute (0.69 in bfloat16) on SmolLM2, against 5e-5 for float32 and 6e-5 for
+NF4 (``test_quantized.py``). So a verify forward can round a near-tie the other way than plain decoding does. The tests check what holds: every
 output that differs from the AWQ model's own greedy ``generate`` differs first at a near-tie, with a top-2
 logit gap under AWQ_TIE_BOUND, and they print how many differ (run with -s)."""
 
