@@ -320,6 +320,9 @@ def _generate(args) -> int:
                 base_new = generated_length(base_row.tolist(), model.generation_config.eos_token_id)
                 row["baseline_new_tokens"] = base_new
                 row["identical_to_baseline"] = bool(torch.equal(base_row[:base_new], new)) and base_new == stats.new_tokens
+                if not row["identical_to_baseline"] and args.temperature == 0:
+                    prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]
+                    row["first_difference"] = first_difference(model, tokenizer, prompt, base_row[:base_new], new)
                 if len(texts) == 1:
                     row["baseline_tokens_per_s"] = base_new / batch_base_s
                     row["baseline_total_s"] = batch_base_s
@@ -352,6 +355,13 @@ def _generate(args) -> int:
               f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
         if args.compare:
             print(f"identical to plain decoding: {row['identical_to_baseline']}")
+            diff = row.get("first_difference")
+            if diff:
+                print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
+                      f"{diff['speculative']!r}; the target's logits there {diff['plain_logit']:.4g} vs "
+                      f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): a near-tie that the verify "
+                      f"forward's rounding decided the other way" + ("" if dtype == torch.float32 else
+                      f"; {str(dtype).replace('torch.', '')} rounds coarsely, --dtype float32 makes such ties rare"))
     print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
     if args.compare:
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
@@ -360,6 +370,35 @@ def _generate(args) -> int:
           f"batch size {config['batch_size']}]")
     _hold_metrics(args)
     return 0
+
+
+def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> dict | None:
+    """Where a greedy speculative output first differs from plain decoding, and the target's logits there.
+
+    Args:
+        model: the target.
+        tokenizer: its tokenizer (to show the two tokens).
+        prompt: ``LongTensor[P]``, the prompt without padding.
+        plain_new, speculative_new: ``LongTensor[N1]``, ``LongTensor[N2]``: the new tokens of each.
+
+    Returns:
+        ``None`` if one is a prefix of the other, else ``{"new_token", "plain", "speculative", "plain_logit",
+        "speculative_logit", "logit_gap"}`` from one target forward over the common prefix (the gap is
+        plain minus speculative: a near-tie when it is within the rounding of the compute dtype).
+    """
+    import torch
+
+    n = min(len(plain_new), len(speculative_new))
+    i = next((j for j in range(n) if plain_new[j] != speculative_new[j]), None)
+    if i is None:
+        return None
+    prefix = torch.cat([prompt.to(plain_new.device), plain_new[:i]])[None].to(model.device)
+    with torch.no_grad():
+        logits = model(input_ids=prefix).logits[0, -1].float()
+    a, b = int(plain_new[i]), int(speculative_new[i])
+    return {"new_token": i, "plain": tokenizer.decode([a]), "speculative": tokenizer.decode([b]),
+            "plain_logit": float(logits[a]), "speculative_logit": float(logits[b]),
+            "logit_gap": float(logits[a] - logits[b])}
 
 
 def _hold_metrics(args) -> None:

@@ -187,3 +187,28 @@ def test_generate_with_an_nf4_target():
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["config"]["quantization"] == "nf4" and out["identical_to_baseline"] is True
+
+
+def test_first_difference_names_the_position_tokens_and_logits(smol):
+    """--compare's explanation of a differing output: the first differing new token, both tokens, and the
+    target's logits for them after the common prefix (checked against a forward of its own)."""
+    import torch
+
+    from hf_spec.cli import first_difference
+
+    model, tok = smol
+    prompt = torch.tensor(tok("def reverse(s):")["input_ids"])
+    plain = model.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           max_new_tokens=8, do_sample=False)[0, len(prompt):]
+    assert first_difference(model, tok, prompt, plain, plain) is None
+    assert first_difference(model, tok, prompt, plain, plain[:5]) is None  # a prefix: no difference
+    other = plain.clone()
+    other[5] = (int(plain[5]) + 1) % model.config.vocab_size
+    diff = first_difference(model, tok, prompt, plain, other)
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, plain[:5]])[None]).logits[0, -1].float()
+    assert diff["new_token"] == 5
+    assert diff["plain"] == tok.decode([int(plain[5])]) and diff["speculative"] == tok.decode([int(other[5])])
+    assert diff["plain_logit"] == pytest.approx(float(logits[plain[5]]), abs=1e-4)
+    assert diff["logit_gap"] == pytest.approx(float(logits[plain[5]] - logits[other[5]]), abs=1e-4)
+    assert diff["logit_gap"] > 0  # greedy chose the plain token: it has the top logit
