@@ -205,11 +205,12 @@ class AdaptiveK:
         if k == 0:
             return 1.0
         if self._step.get(k):
+            # a bimodal cost (n-gram hits and misses): the median of each mode, mixed by how often each happened
             steps = self._step[k]
             drafted = [t for t, d in steps if d]
             plain = [t for t, d in steps if not d]
-            p = len(drafted) / len(steps)  # a bimodal cost (n-gram hits and misses): the median of each mode,
-            seconds = p * (self._median(drafted) or 0.0) + (1 - p) * (self._median(plain) or 0.0)  # mixed
+            p = len(drafted) / len(steps)
+            seconds = p * (self._median(drafted) or 0.0) + (1 - p) * (self._median(plain) or 0.0)
             return seconds / self.t_plain
         c0, c1 = draft_line or self.draft_line()
         return self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain

@@ -322,7 +322,9 @@ def _generate(args) -> int:
                 row["identical_to_baseline"] = bool(torch.equal(base_row[:base_new], new)) and base_new == stats.new_tokens
                 if not row["identical_to_baseline"] and args.temperature == 0:
                     prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]
-                    row["first_difference"] = first_difference(model, tokenizer, prompt, base_row[:base_new], new)
+                    row["first_difference"] = diff = first_difference(model, tokenizer, prompt, base_row[:base_new], new)
+                    if diff:
+                        diff["verdict"] = _near_tie_verdict(diff["logit_gap"], model, dtype)
                 if len(texts) == 1:
                     row["baseline_tokens_per_s"] = base_new / batch_base_s
                     row["baseline_total_s"] = batch_base_s
@@ -359,9 +361,7 @@ def _generate(args) -> int:
             if diff:
                 print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
                       f"{diff['speculative']!r}; the target's logits there {diff['plain_logit']:.4g} vs "
-                      f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): a near-tie that the verify "
-                      f"forward's rounding decided the other way" + ("" if dtype == torch.float32 else
-                      f"; {str(dtype).replace('torch.', '')} rounds coarsely, --dtype float32 makes such ties rare"))
+                      f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): {diff['verdict']}")
     print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
     if args.compare:
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
@@ -392,13 +392,31 @@ def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> di
     i = next((j for j in range(n) if plain_new[j] != speculative_new[j]), None)
     if i is None:
         return None
-    prefix = torch.cat([prompt.to(plain_new.device), plain_new[:i]])[None].to(model.device)
+    prefix = torch.cat([prompt.to(model.device), plain_new[:i].to(model.device)])[None]
     with torch.no_grad():
         logits = model(input_ids=prefix).logits[0, -1].float()
     a, b = int(plain_new[i]), int(speculative_new[i])
     return {"new_token": i, "plain": tokenizer.decode([a]), "speculative": tokenizer.decode([b]),
             "plain_logit": float(logits[a]), "speculative_logit": float(logits[b]),
             "logit_gap": float(logits[a] - logits[b])}
+
+
+def _near_tie_verdict(gap: float, model, dtype) -> str:
+    """Whether a first difference's logit gap is within what the compute's rounding explains
+    (:data:`hf_spec.kernels.NEAR_TIE_BOUNDS`)."""
+    from .kernels import NEAR_TIE_BOUNDS
+
+    quant = getattr(model.config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    key = "awq" if getattr(method, "value", method) == "awq" else str(dtype).replace("torch.", "")
+    bound = NEAR_TIE_BOUNDS.get(key)
+    if bound is None:
+        return f"no measured rounding bound for {key}; compare with --dtype float32"
+    if gap <= bound:
+        hint = "" if key == "float32" else "; --dtype float32 makes such ties rare"
+        return f"a near-tie (under {bound:g}, what {key} verify rounding explains) settled the other way{hint}"
+    return (f"larger than {key} verify rounding explains ({bound:g}): not a near-tie; please report it with the "
+            "prompt and the command")
 
 
 def _hold_metrics(args) -> None:

@@ -22,7 +22,15 @@ import threading
 import torch
 import torch.nn.functional as F
 
-__all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill"]
+__all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "NEAR_TIE_BOUNDS"]
+
+#: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
+#: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
+#: one-position forwards. Measured verify-vs-decode logit differences (docs/user-guide.md, "Verify forwards and
+#: 4-bit kernels"): ~5e-5 in float32 (and NF4 with float32 compute); a few bfloat16 steps of 0.125-0.25 at
+#: logits of 16-32; 0.33 / 0.69 for gptqmodel's CPU AWQ layers, which compute in bfloat16 inside.
+#: The greedy exactness tests use these bounds.
+NEAR_TIE_BOUNDS = {"float32": 1e-3, "bfloat16": 0.5, "awq": 1.0}
 
 _STATE = threading.local()
 #: up to 128 rows (a batch of 16 verifying 8 positions each): (W @ x.T).T measured as fast or faster than

@@ -11,17 +11,19 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_spec
+from hf_spec.kernels import NEAR_TIE_BOUNDS
 from hf_spec.prompts import chat_inputs, load_questions
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 #: Largest top-1/top-2 logit gap (float32) that we accept as a numerical near-tie when a speculative
-#: output's first divergence from plain greedy is examined. Verifying k+1 positions in one forward uses
+#: output's first divergence from plain greedy is examined (``hf_spec.kernels.NEAR_TIE_BOUNDS``, which
+#: ``hf-spec generate --compare`` reports against too). Verifying k+1 positions in one forward uses
 #: different matmul shapes than k+1 one-token forwards; observed differences are ~1e-5.
-TIE_BOUND = 1e-3
+TIE_BOUND = NEAR_TIE_BOUNDS["float32"]
 #: The same in bfloat16 compute: bfloat16 keeps 8 significant bits, so logits of magnitude 16-32 are rounded
 #: to steps of 0.125-0.25 and two computations of one logit can differ by a few steps.
-BF16_TIE_BOUND = 0.5
+BF16_TIE_BOUND = NEAR_TIE_BOUNDS["bfloat16"]
 
 
 def layer_skip_copy(model, keep: list[int]):

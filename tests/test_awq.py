@@ -17,13 +17,15 @@ import pytest
 import torch
 
 import hf_spec
+from hf_spec.kernels import NEAR_TIE_BOUNDS
 from hf_spec.models import cache_dir
 
 from .conftest import check_greedy_identical, verify_vs_decode
 
 pytestmark = pytest.mark.slow
-#: the int4-packed kernel's row-count dependence measured 0.33 (float32 compute) / 0.69 (bfloat16) logits
-AWQ_TIE_BOUND = 1.0
+#: gptqmodel's CPU AWQ layers (bfloat16 inside): verify-vs-decode differences measured 0.33 ("float32") / 0.69
+#: (bfloat16) logits
+AWQ_TIE_BOUND = NEAR_TIE_BOUNDS["awq"]
 NEW = 24
 KS = [1, 3, 5]
 

@@ -212,3 +212,10 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert diff["plain_logit"] == pytest.approx(float(logits[plain[5]]), abs=1e-4)
     assert diff["logit_gap"] == pytest.approx(float(logits[plain[5]] - logits[other[5]]), abs=1e-4)
     assert diff["logit_gap"] > 0  # greedy chose the plain token: it has the top logit
+    # a swapped token is no near-tie in float32 unless its logit is within NEAR_TIE_BOUNDS["float32"]
+    from hf_spec.cli import _near_tie_verdict
+
+    assert "not a near-tie" in _near_tie_verdict(0.2, model, torch.float32)
+    assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")
+    assert _near_tie_verdict(0.2, model, torch.bfloat16).startswith("a near-tie")
+    assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
