@@ -45,6 +45,8 @@ __all__ = [
     "load",
     "QUANTIZATIONS",
     "bitsandbytes_config",
+    "honor_bitsandbytes_compute_dtype",
+    "bitsandbytes_bf16_layers",
     "quantization_method",
 ]
 
@@ -346,9 +348,53 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
     )
+    if quantization is not None:
+        honor_bitsandbytes_compute_dtype(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tokenizer
+
+
+def honor_bitsandbytes_compute_dtype(model) -> int:
+    """Make bitsandbytes' 4-bit layers compute in their own compute dtype on CPUs with AVX512-BF16.
+
+    On such CPUs bitsandbytes (0.48-0.50) runs every CPU 4-bit product through a fused kernel that casts the
+    input to bfloat16 and computes in bfloat16, whatever ``bnb_4bit_compute_dtype`` says. A model asked to
+    compute in float32 then rounds each 4-bit layer's input and output to bfloat16, and a verify forward over
+    k+1 positions, whose float32 parts (attention over k+1 queries) round differently from k+1 one-position
+    forwards, crosses bfloat16 rounding boundaries: on SmolLM2-135M NF4 the verify-vs-decode logit
+    difference grew from 3e-5 to 0.27-0.36 (2026-11-30), and greedy output was no longer token-identical.
+    This switches the fused kernel off for layers whose compute dtype is not bfloat16, so bitsandbytes
+    dequantizes and computes in the asked dtype, as it does on other CPUs. It costs plain decoding speed
+    (SmolLM2 NF4: 9.4 instead of 27.7 tokens/s on a 2-core AVX512-BF16 VM); ask for bfloat16 compute to keep
+    the fused kernel. :func:`load` calls it for ``quantization=``; call it on a 4-bit model loaded
+    otherwise, before its first forward. A no-op without bitsandbytes or on GPUs.
+
+    Returns:
+        The number of 4-bit layers switched.
+
+    Raises:
+        ValueError: a layer already ran its first CPU forward (its weights were repacked for the fused
+            kernel); call this right after loading.
+    """
+    count = 0
+    for module in bitsandbytes_bf16_layers(model):
+        state = getattr(module.weight, "quant_state", None)
+        if getattr(state, "packing_format_for_cpu", False):
+            raise ValueError("a bitsandbytes 4-bit layer already ran a forward in bitsandbytes' fused bfloat16 "
+                             "format; call honor_bitsandbytes_compute_dtype(model) right after loading")
+        module.support_avx512bf16_for_cpu = False
+        count += 1
+    return count
+
+
+def bitsandbytes_bf16_layers(model) -> list:
+    """bitsandbytes 4-bit layers of ``model`` that will compute in bfloat16 although their compute dtype is
+    not bfloat16 (the fused CPU kernel; see :func:`honor_bitsandbytes_compute_dtype`)."""
+    import torch
+
+    return [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)
+            and getattr(m, "compute_dtype", None) != torch.bfloat16]
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.models import bitsandbytes_config
+from hf_spec.models import bitsandbytes_bf16_layers, bitsandbytes_config, honor_bitsandbytes_compute_dtype
 
 from .conftest import BF16_TIE_BOUND, TIE_BOUND, check_greedy_identical, encode, tiny_llama, verify_vs_decode
 
@@ -65,6 +65,38 @@ def test_nf4_verify_forward_matches_one_token_forwards(nf4, smol, prompts):
         worst, flips, count = verify_vs_decode(model, tok, prompts)
         print(f"\n{label}: largest |logit difference| {worst:.2e}, greedy choice differs at {flips} of {count} positions")
         assert worst < TIE_BOUND, (label, worst, flips)  # a flip then can only be at a near-tie
+
+
+def test_nf4_in_float32_computes_in_float32(nf4, prompts):
+    """hf_spec.load keeps bitsandbytes' fused bfloat16 CPU kernel (AVX512-BF16 hosts) off a float32-compute
+    model, also after forwards: no 4-bit layer is left computing in bfloat16 or repacked for that kernel."""
+    model, tok = nf4
+    model.generate(**encode(tok, prompts[0].text), max_new_tokens=2, do_sample=False)
+    assert bitsandbytes_bf16_layers(model) == []
+    packed = [m for m in model.modules() if getattr(getattr(m, "weight", None), "quant_state", None) is not None
+              and getattr(m.weight.quant_state, "packing_format_for_cpu", False)]
+    assert packed == []
+
+
+def test_fused_bfloat16_layers_are_reported(prompts, caplog):
+    """A 4-bit model loaded without hf_spec.load on an AVX512-BF16 host computes in bfloat16 despite float32:
+    hf_spec.generate warns, and switching it after its first forward is a clear error."""
+    import bitsandbytes.functional as bnbf
+    from transformers import AutoModelForCausalLM
+
+    if not bnbf.has_avx512bf16():
+        pytest.skip("bitsandbytes has no fused bfloat16 CPU kernel on this CPU (no AVX512-BF16)")
+    path = hf_spec.models.provision("smollm2-135m")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 quantization_config=bitsandbytes_config("nf4", torch.float32))
+    tok = hf_spec.load("smollm2-135m")[1]
+    assert len(bitsandbytes_bf16_layers(model)) == 30 * 7
+    with caplog.at_level("WARNING", logger="hf_spec"):
+        model.generate(**encode(tok, prompts[0].text), custom_generate=hf_spec.generate,
+                       drafter=hf_spec.NgramDrafter(3), max_new_tokens=4, do_sample=False)
+    assert "honor_bitsandbytes_compute_dtype" in caplog.text
+    with pytest.raises(ValueError, match="right after loading"):
+        honor_bitsandbytes_compute_dtype(model)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft-bf16", "draft-nf4"])
