@@ -23,7 +23,9 @@ steps at a_1 = 0.02 before switching off).
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
 ``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
 Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
-it thrash. For the k in use the step cost is measured, not modelled, so the prediction there is what the
+it thrash. The first speculative steps use ``k_min`` (a first judgment costs least there where the drafter
+loses, which matters on short answers); if they pay, the drafter's own k is measured next, so that the
+cost model of the other k rests on two measured points. For the k in use the step cost is measured, not modelled, so the prediction there is what the
 last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
 When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
 the distributions, a batch large enough to make verification compute-bound, a drafter that costs more than
@@ -56,7 +58,10 @@ class AdaptiveK:
     Args:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
-        k_start: the k of the first speculative step (default: the drafter's own k, clipped to the range).
+        k_start: the k of the first speculative step (default ``k_min``). If that step pays, the drafter's
+            own k is measured next (when it differs), so the cost model rests on two measured k: a first
+            judgment at the cheapest k costs least where the drafter loses (short answers), and a model
+            fitted through one small k alone would extrapolate the cost of larger ones pessimistically.
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.97 ~ the last 33 steps).
         window: T_1, T_verify(n) and the draft time per token are medians of this many latest measurements.
         margin: a new k must be predicted faster than the current one by this fraction to be taken.
@@ -100,13 +105,13 @@ class AdaptiveK:
         """Forget everything (called by the loop at the start of each generate call).
 
         Args:
-            drafter_k: the drafter's own k, the default start.
+            drafter_k: the drafter's own k, measured second when the first k pays (default 3).
             drafter_k_max: the most the drafter can propose (``None``: no limit).
         """
         self.hi = min(self.k_max, drafter_k_max) if drafter_k_max else self.k_max
         self.lo = min(self.k_min, self.hi)
-        start = self.k_start or drafter_k or 3
-        self.start = max(self.lo, min(self.hi, start))
+        self.start = max(self.lo, min(self.hi, self.k_start or self.lo))
+        self.explore = max(self.lo, min(self.hi, drafter_k or 3))
         self.reached: list[float] = []
         self.accepted: list[float] = []
         self._plain: list[float] = []
@@ -259,6 +264,9 @@ class AdaptiveK:
         if self.mode == "probe":
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
+            return self.k, self.pending
+        if self.explore not in self._step:  # speculation pays: measure the drafter's own k once as well
+            self._set(self.explore, "on", f"predicted {speed:.2f}x: measure k={self.explore} too", speed)
             return self.k, self.pending
         current = self.predicted_speedup(self.k, line)
         if best != self.k and speed > current * (1 + self.margin):

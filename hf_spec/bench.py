@@ -284,7 +284,7 @@ def run_bench(
         hf_draft = _load_draft(hf_names.pop(), draft_dtype, target.device)
     drafters, medusa = {}, {}
     for m in methods:
-        k = m.k if isinstance(m.k, int) else 3  # "auto" or a controller sets k per step (3 is where auto starts)
+        k = m.k if isinstance(m.k, int) else 3  # "auto" or a controller sets k per step (auto measures 3 after k=1)
         if m.kind == "draft":
             drafters[m.name] = DraftModelDrafter(draft_models[m.draft], k)
         elif m.kind == "ngram":

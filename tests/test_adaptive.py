@@ -113,6 +113,19 @@ def test_a_one_off_cost_does_not_switch_speculation_off():
     assert ks[:3] == [0, 0, 0] and 0 not in ks[3:], ks  # after the plain steps that measure T_1, never off
 
 
+def test_first_judgment_at_the_cheapest_k_then_the_drafters_k_is_measured():
+    """After the 3 plain steps: 4 steps at k_min = 1. A drafter that is never right is switched off after
+    them (4 two-position verifies wasted, not 4 at the drafter's k); one that is right is measured at the
+    drafter's own k (5 in simulate) before the controller picks by its model."""
+    verify = lambda n: 1.0 + 0.2 * (n - 1)  # noqa: E731  (float32 on a 2-core AVX-512 VM: 1.2 T_1 for 2)
+    ks, decisions = simulate(AdaptiveK(), lambda step: [0.0] * 8, 0.0, verify, steps=12)
+    assert ks[:8] == [0, 0, 0, 1, 1, 1, 1, 0], ks
+    assert decisions[-1]["mode"] == "off"
+    ks, decisions = simulate(AdaptiveK(), lambda step: [0.9] * 8, 0.05, verify, steps=12)
+    assert ks[:12] == [0, 0, 0, 1, 1, 1, 1, 5, 5, 5, 5, ks[11]], ks
+    assert "measure k=5 too" in decisions[2]["reason"], decisions
+
+
 def test_policy_turns_off_a_drafter_that_costs_more_than_it_saves():
     ks, decisions = simulate(AdaptiveK(), lambda step: [0.6] * 8, 1.5, lambda n: 1.0, steps=200)
     assert Counter(ks[100:])[0] >= 80 and any(d["mode"] == "off" for d in decisions)
