@@ -25,8 +25,9 @@ Before each step it picks the k in ``k_min..k_max`` with the highest predicted s
 Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
 it thrash. The first speculative steps use ``k_min`` (a first judgment costs least there where the drafter
 loses, which matters on short answers); if they pay, the drafter's own k is measured next, so that the
-cost model of the other k rests on two measured points. For the k in use the step cost is measured, not modelled, so the prediction there is what the
-last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
+cost model of the other k rests on two measured points. For the k in use the step cost is measured, not
+modelled, so the prediction there is what the last steps actually achieved (with smoothed acceptance): an
+optimistic model cannot keep speculation on.
 When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
 the distributions, a batch large enough to make verification compute-bound, a drafter that costs more than
 it saves), speculation is switched off and plain decoding continues; after ``off_steps`` steps it probes
@@ -61,7 +62,8 @@ class AdaptiveK:
         k_start: the k of the first speculative step (default ``k_min``). If that step pays, the drafter's
             own k is measured next (when it differs), so the cost model rests on two measured k: a first
             judgment at the cheapest k costs least where the drafter loses (short answers), and a model
-            fitted through one small k alone would extrapolate the cost of larger ones pessimistically.
+            fitted through one small k alone can extrapolate the cost of larger ones pessimistically (a
+            per-step drafting overhead, a concave verify cost: the unit tests' synthetic drafters).
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.97 ~ the last 33 steps).
         window: T_1, T_verify(n) and the draft time per token are medians of this many latest measurements.
         margin: a new k must be predicted faster than the current one by this fraction to be taken.

@@ -135,15 +135,15 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
             f"unsupported cache {type(cache).__name__}: speculative decoding rolls the cache back after each "
             "rejection; use the default DynamicCache (drop cache_implementation / the cache argument)"
         )
-    if not getattr(model, "_hf_spec_checked_bnb", False):
+    if not getattr(model, "_hf_spec_checked_bnb", False):  # once per model: it walks every module
         model._hf_spec_checked_bnb = True
-        if bitsandbytes_bf16_layers(model):
+        if layers := bitsandbytes_bf16_layers(model):
             logger.warning(
                 "the target's bitsandbytes 4-bit layers compute in bfloat16 on this CPU (bitsandbytes' fused "
                 "AVX512-BF16 kernel) although their compute dtype is %s: greedy output equals the target's own "
                 "only up to bfloat16 near-ties. For float32 exactness call "
                 "hf_spec.models.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
-                "hf_spec.load(..., quantization='nf4'), which does.", model.dtype)
+                "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError(
             "continuing from a filled cache is not supported: pass the whole sequence as input_ids and no cache"

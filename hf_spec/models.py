@@ -358,7 +358,7 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 def honor_bitsandbytes_compute_dtype(model) -> int:
     """Make bitsandbytes' 4-bit layers compute in their own compute dtype on CPUs with AVX512-BF16.
 
-    On such CPUs bitsandbytes (0.48-0.50) runs every CPU 4-bit product through a fused kernel that casts the
+    On such CPUs bitsandbytes (0.50; checked on 0.50.2) runs every CPU 4-bit product through a fused kernel that casts the
     input to bfloat16 and computes in bfloat16, whatever ``bnb_4bit_compute_dtype`` says. A model asked to
     compute in float32 then rounds each 4-bit layer's input and output to bfloat16, and a verify forward over
     k+1 positions, whose float32 parts (attention over k+1 queries) round differently from k+1 one-position
@@ -368,7 +368,8 @@ def honor_bitsandbytes_compute_dtype(model) -> int:
     dequantizes and computes in the asked dtype, as it does on other CPUs. It costs plain decoding speed
     (SmolLM2 NF4: 9.4 instead of 27.7 tokens/s on a 2-core AVX512-BF16 VM); ask for bfloat16 compute to keep
     the fused kernel. :func:`load` calls it for ``quantization=``; call it on a 4-bit model loaded
-    otherwise, before its first forward. A no-op without bitsandbytes or on GPUs.
+    otherwise, before its first forward. No effect without bitsandbytes, or on a GPU (the flag it clears
+    only selects a CPU kernel).
 
     Returns:
         The number of 4-bit layers switched.
