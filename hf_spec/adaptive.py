@@ -3,7 +3,9 @@
 :class:`AdaptiveK` listens to the loop's :class:`~hf_spec.events.StepEvent` s and keeps running estimates of
 
 - the conditional acceptance a_i of each draft position (exponentially decayed counts, so it follows a
-  change of text or temperature);
+  change of text or temperature; a step decays only the positions it could observe, so positions beyond
+  the k in use keep what was last seen there, and each estimate is shrunk towards the one of the position
+  before, so that positions not yet seen start from it);
 - T_1, the time of a plain decode step (a target forward over one position per row), measured on plain
   steps: the first ``plain_steps`` (3) decode steps are plain, so are steps with speculation off and n-gram
   steps that found no match;
@@ -16,16 +18,18 @@
 Times are medians of the last ``window`` measurements, so one-off costs (a draft model's prefill of the
 prompt at its first draft, a cache reallocation) do not sway them. A k's steps that drafted and those that
 did not (an n-gram drafter that found no match verifies one position: a plain step) have a median each,
-weighted by how often each happened: one median over both would report the cheap mode while the expensive
-one costs, and keep speculation on where it loses (measured: 2026-11-30, n-gram on a writing prompt, 28
-steps at a_1 = 0.02 before switching off).
+weighted by how often steps drafted (over every k: whether a match exists does not depend on k): one median
+over both would report the cheap mode while the expensive one costs, and keep speculation on where it loses
+(measured: 2026-11-30, n-gram on a writing prompt, 28 steps at a_1 = 0.02 before switching off).
 
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
 ``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
 Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
 it thrash. The first speculative steps use ``k_min`` (a first judgment costs least there where the drafter
 loses, which matters on short answers); if they pay, the drafter's own k is measured next, so that the
-cost model of the other k rests on two measured points. For the k in use the step cost is measured, not
+cost model of the other k rests on two measured points, unless even an optimistic model of it (drafting
+costs per step what it costs now) predicts no gain over the first k (an n-gram drafter on a short
+translation: 4 steps at k = 3 that accepted nothing cost 9% of an 18-token answer). For the k in use the step cost is measured, not
 modelled, so the prediction there is what the last steps actually achieved (with smoothed acceptance): an
 optimistic model cannot keep speculation on.
 When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
@@ -60,7 +64,8 @@ class AdaptiveK:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
         k_start: the k of the first speculative step (default ``k_min``). If that step pays, the drafter's
-            own k is measured next (when it differs), so the cost model rests on two measured k: a first
+            own k is measured next (when it differs and an optimistic model of it predicts a gain), so the
+            cost model rests on two measured k: a first
             judgment at the cheapest k costs least where the drafter loses (short answers), and a model
             fitted through one small k alone can extrapolate the cost of larger ones pessimistically (a
             per-step drafting overhead, a concave verify cost: the unit tests' synthetic drafters).
@@ -178,8 +183,9 @@ class AdaptiveK:
             while len(self.reached) < k:
                 self.reached.append(0.0)
                 self.accepted.append(0.0)
-            self.reached = [r * self.decay for r in self.reached]
-            self.accepted = [a * self.decay for a in self.accepted]
+            # only the positions this step could observe forget: the others keep what was last seen there
+            self.reached[:k] = [r * self.decay for r in self.reached[:k]]
+            self.accepted[:k] = [a * self.decay for a in self.accepted[:k]]
             for _, accepted, _ in rows:  # an empty draft position counts as a rejection (see SpecStats)
                 for i in range(min(accepted + 1, k)):
                     self.reached[i] += 1
@@ -189,9 +195,17 @@ class AdaptiveK:
 
     # ---- the model ------------------------------------------------------------------------------
     def acceptance(self) -> list[float]:
-        """Estimated conditional acceptance by position (positions without data take the last estimate;
-        each estimate is shrunk towards 0.5 by one pseudo-observation)."""
-        rates = [(a + 0.5) / (r + 1.0) for a, r in zip(self.accepted, self.reached) if r >= 0.5]
+        """Estimated conditional acceptance by position: each position's (decayed) counts plus one
+        pseudo-observation at the estimate of the position before (0.5 for the first); positions without
+        data take the last estimate. Shrinking every position towards 0.5 instead made positions seen a few
+        times look worse than they are where the drafter is nearly always right (a math answer: 0.70 / 0.88
+        for positions 2-3 after 4 steps, truly ~0.9), and larger k were never tried again."""
+        rates, prior = [], 0.5
+        for a, r in zip(self.accepted, self.reached):
+            if r < 0.5:
+                break
+            prior = (a + prior) / (r + 1.0)
+            rates.append(prior)
         return rates or [0.5]
 
     def verify_cost(self, n: int) -> float:
@@ -206,21 +220,25 @@ class AdaptiveK:
         return 1.0 + slope * (n - 1)
 
     def step_cost(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
-        """Seconds of one step at k over T_1: measured where k was used (the medians of its steps that drafted
-        and of those that did not, weighted by how often each happened), else
-        ``T_verify(k+1)/T_1 + (c_0 + c_1 k)/T_1`` (``draft_line``: :meth:`draft_line`, when already computed)."""
+        """Seconds of one step at k over T_1, ``p t_draft(k) + (1 - p) t_miss``: a drafter may find nothing to
+        propose (an n-gram miss), and such a step verifies one position. ``p`` is the fraction of recent
+        speculative steps that drafted (pooled over every k: whether a match exists does not depend on k),
+        ``t_miss`` the median of those that did not, ``t_draft(k)`` the median of the steps at k that drafted
+        where there are any, else ``T_verify(k+1) + c_0 + c_1 k`` (``draft_line``: :meth:`draft_line`, when
+        already computed). Weighting the two medians by how often each happens matters: one median over both
+        would report the cheap mode while the expensive one costs."""
         if k == 0:
             return 1.0
-        if self._step.get(k):
-            # a bimodal cost (n-gram hits and misses): the median of each mode, mixed by how often each happened
-            steps = self._step[k]
-            drafted = [t for t, d in steps if d]
-            plain = [t for t, d in steps if not d]
-            p = len(drafted) / len(steps)
-            seconds = p * (self._median(drafted) or 0.0) + (1 - p) * (self._median(plain) or 0.0)
-            return seconds / self.t_plain
-        c0, c1 = draft_line or self.draft_line()
-        return self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
+        steps = [step for v in self._step.values() for step in v]
+        p = sum(d for _, d in steps) / len(steps) if steps else 1.0
+        drafted = [t for t, d in self._step.get(k, []) if d]
+        if drafted:
+            t_draft = self._median(drafted) / self.t_plain
+        else:
+            c0, c1 = draft_line or self.draft_line()
+            t_draft = self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
+        t_miss = (self._median([t for t, d in steps if not d]) or self.t_plain) / self.t_plain
+        return p * t_draft + (1 - p) * t_miss
 
     def predicted_speedup(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
         """Predicted speedup over plain decoding at k (needs T_1 measured)."""
@@ -267,9 +285,13 @@ class AdaptiveK:
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
             return self.k, self.pending
-        if self.explore not in self._step:  # speculation pays: measure the drafter's own k once as well
-            self._set(self.explore, "on", f"predicted {speed:.2f}x: measure k={self.explore} too", speed)
-            return self.k, self.pending
+        if self.explore not in self._step:  # speculation pays: measure the drafter's own k once as well,
+            # unless even an optimistic model (drafting costs what it costs now, whatever k) says it loses
+            hopeful = self.predicted_speedup(self.explore, (self._median(self._draft.get(self.k, [])) or 0.0, 0.0))
+            if hopeful > speed * (1 + self.margin):
+                self._set(self.explore, "on", f"predicted {speed:.2f}x (k={self.explore}: up to {hopeful:.2f}x): "
+                                              f"measure k={self.explore} too", speed)
+                return self.k, self.pending
         current = self.predicted_speedup(self.k, line)
         if best != self.k and speed > current * (1 + self.margin):
             self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
