@@ -8,7 +8,9 @@
   before, so that positions not yet seen start from it);
 - T_1, the time of a plain decode step (a target forward over one position per row), measured on plain
   steps: the first ``plain_steps`` (3) decode steps are plain, so are steps with speculation off and n-gram
-  steps that found no match;
+  steps that found no match; and while speculation is on, one step in ``refresh_steps`` (64) without any
+  plain step is made plain to measure it again: a start measured on a slow moment would otherwise make
+  every step look cheap for as long as speculation stays on, and T_1 grows with the context;
 - the whole cost of a speculative step at each k used so far (drafting plus verifying, everything the loop
   spends between two steps: a draft model catching up on the tokens it has not seen, logits processing,
   n-gram misses), and for the k not used yet a model of it: a verify forward over n positions on a line
@@ -26,12 +28,13 @@ Before each step it picks the k in ``k_min..k_max`` with the highest predicted s
 ``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
 Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
 it thrash. The first speculative steps use ``k_min`` (a first judgment costs least there where the drafter
-loses, which matters on short answers); if they pay, the drafter's own k is measured next, so that the
-cost model of the other k rests on two measured points, unless even an optimistic model of it (drafting
-costs per step what it costs now) predicts no gain over the first k (an n-gram drafter on a short
-translation: 4 steps at k = 3 that accepted nothing cost 9% of an 18-token answer). For the k in use the step cost is measured, not
-modelled, so the prediction there is what the last steps actually achieved (with smoothed acceptance): an
-optimistic model cannot keep speculation on.
+loses, which matters on short answers); then the drafter's own k is measured, so that the cost model of
+the other k rests on two measured points, if an optimistic model of it (drafting costs per step what it
+costs now) predicts a gain over the first k and over plain decoding: skipped where it cannot pay (an
+n-gram drafter on a short translation: 4 steps at k = 3 that accepted nothing cost 9% of an 18-token
+answer), taken even where k = 1 loses if a larger k could win (a draft model with a large per-step
+cost). For the k in use the step cost is measured, not modelled, so the prediction there is what the
+last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
 When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
 the distributions, a batch large enough to make verification compute-bound, a drafter that costs more than
 it saves), speculation is switched off and plain decoding continues; after ``off_steps`` steps it probes
@@ -63,26 +66,30 @@ class AdaptiveK:
     Args:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
-        k_start: the k of the first speculative step (default ``k_min``). If that step pays, the drafter's
-            own k is measured next (when it differs and an optimistic model of it predicts a gain), so the
-            cost model rests on two measured k: a first
+        k_start: the k of the first speculative step (default ``k_min``). The drafter's own k is measured
+            next (when it differs and an optimistic model of it predicts a gain), so the cost model rests on
+            two measured k: a first
             judgment at the cheapest k costs least where the drafter loses (short answers), and a model
             fitted through one small k alone can extrapolate the cost of larger ones pessimistically (a
             per-step drafting overhead, a concave verify cost: the unit tests' synthetic drafters).
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.97 ~ the last 33 steps).
-        window: T_1, T_verify(n) and the draft time per token are medians of this many latest measurements.
-        margin: a new k must be predicted faster than the current one by this fraction to be taken.
+        window: T_1, T_verify(n) and the step times are medians of this many latest measurements
+            (``>= plain_steps``).
+        margin: a new k must be predicted faster than the current one by this fraction to be taken
+            (``0 <= margin < 1``).
         off_below: speculation switches off when the best k's predicted speedup is under
             ``off_below * (1 - margin)``; a probe stays on only at ``off_below`` or more.
         off_steps: plain steps before the first probe; doubled after each failed probe up to
             ``max_off_steps``, reset when a probe succeeds.
         plain_steps: decode steps at the start that are plain, to measure T_1 (one step's time varies by
             ~10% on a busy CPU; their median is the start value).
+        refresh_steps: after this many speculative steps without a plain one, one step is plain, to measure
+            T_1 again (a ``"refresh"`` policy record): costs ~1/refresh_steps of the gain.
         dwell_steps: steps a new k (or a probe, made at the k that came closest when switching off) is kept and measured before the next
             decision: the smoothing that stops thrashing, with ``margin`` and the decayed counts.
 
     Raises:
-        ValueError: a bound or setting out of range.
+        ValueError: a bound or setting out of range (NaN included).
 
     Use: ``model.generate(..., custom_generate=hf_spec.generate, drafter=d, num_speculative_tokens="auto")``
     or pass an ``AdaptiveK(...)`` instance as ``num_speculative_tokens`` to change its settings.
@@ -90,21 +97,26 @@ class AdaptiveK:
 
     def __init__(self, k_min: int = 1, k_max: int = 8, k_start: int | None = None, decay: float = 0.97,
                  window: int = 9, margin: float = 0.03, off_below: float = 1.0, off_steps: int = 8,
-                 max_off_steps: int = 128, dwell_steps: int = 4, plain_steps: int = 3):
+                 max_off_steps: int = 128, dwell_steps: int = 4, plain_steps: int = 3, refresh_steps: int = 64):
         if not (isinstance(k_min, int) and isinstance(k_max, int) and 1 <= k_min <= k_max):
             raise ValueError(f"need integers 1 <= k_min <= k_max, got k_min={k_min!r}, k_max={k_max!r}")
         if k_start is not None and not (isinstance(k_start, int) and k_start >= 1):
             raise ValueError(f"k_start must be an integer >= 1, got {k_start!r}")
-        if not 0 < decay < 1 or not (isinstance(window, int) and window >= 1) or margin < 0 or off_below < 0:
-            raise ValueError("need 0 < decay < 1, an integer window >= 1, margin >= 0, off_below >= 0")
+        if not (0 < decay < 1 and 0 <= margin < 1 and 0 <= off_below < float("inf")):  # NaN fails too
+            raise ValueError(f"need 0 < decay < 1, 0 <= margin < 1, a finite off_below >= 0; got decay={decay!r}, "
+                             f"margin={margin!r}, off_below={off_below!r}")
         if (off_steps < 1 or max_off_steps < off_steps or dwell_steps < 1
-                or not (isinstance(plain_steps, int) and plain_steps >= 1)):
+                or not (isinstance(plain_steps, int) and plain_steps >= 1)
+                or not (isinstance(window, int) and window >= plain_steps)
+                or not (isinstance(refresh_steps, int) and refresh_steps >= 1)):
             raise ValueError("need off_steps >= 1, max_off_steps >= off_steps, dwell_steps >= 1, "
-                             "an integer plain_steps >= 1")
+                             "an integer plain_steps >= 1, an integer window >= plain_steps (T_1 is the median "
+                             "of the first plain_steps plain steps) and an integer refresh_steps >= 1; got "
+                             f"window={window!r}, plain_steps={plain_steps!r}, refresh_steps={refresh_steps!r}")
         self.k_min, self.k_max, self.k_start = k_min, k_max, k_start
         self.decay, self.window, self.margin, self.off_below = decay, window, margin, off_below
         self.off_steps, self.max_off_steps, self.dwell_steps = off_steps, max_off_steps, dwell_steps
-        self.plain_steps = plain_steps
+        self.plain_steps, self.refresh_steps = plain_steps, refresh_steps
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------------
@@ -126,11 +138,12 @@ class AdaptiveK:
         self._draft: dict[int, list[float]] = {}  # drafting seconds per step, by k
         self._step: dict[int, list[tuple[float, bool]]] = {}  # (drafting + verifying seconds, drafted?) by k
         self.k = 0  # the k of the coming step; 0 = plain decoding
-        self.mode = "start"  # start -> on <-> off -> probe -> on | off
+        self.mode = "start"  # start -> measure -> on <-> off -> probe -> on | off ("refresh": one plain step in on)
         self.steps_in_mode = 0
         self.off_length = self.off_steps
         self.probe_k = self.lo
         self.pending: dict | None = None
+        self.since_plain = 0  # decode steps since the last plain one
 
     def _add(self, values: list[float], new: float) -> None:
         values.append(new)
@@ -142,8 +155,10 @@ class AdaptiveK:
 
     @property
     def t_plain(self) -> float | None:
-        """Estimated T_1 in seconds (``None`` before the first plain step)."""
-        return self._median(self._plain)
+        """Estimated T_1 in seconds (``None`` before the first plain step): the median of the latest plain
+        steps."""
+        t = self._median(self._plain)
+        return None if t is None else max(1e-9, t)
 
     @property
     def t_verify(self) -> dict[int, float]:
@@ -171,6 +186,7 @@ class AdaptiveK:
         if not rows:
             return
         n = 1 + max(len(d) for d, _, _ in rows)  # positions per row in the verify forward
+        self.since_plain = 0 if n == 1 else self.since_plain + 1
         if n == 1:
             self._add(self._plain, event.verify_time_s)
         else:
@@ -242,7 +258,7 @@ class AdaptiveK:
 
     def predicted_speedup(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
         """Predicted speedup over plain decoding at k (needs T_1 measured)."""
-        return expected_tokens_per_step(self.acceptance(), k) / self.step_cost(k, draft_line)
+        return expected_tokens_per_step(self.acceptance(), k) / max(1e-9, self.step_cost(k, draft_line))
 
     # ---- the decision ---------------------------------------------------------------------------
     def _set(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
@@ -264,6 +280,11 @@ class AdaptiveK:
             return self.k, self.pending
         if self.mode in ("on", "probe") and self.steps_in_mode < self.dwell_steps:
             return self.k, self.pending  # measure a new k (or a probe) for a few steps before judging it
+        if self.mode == "on" and self.since_plain >= self.refresh_steps:
+            self.pending = {"k": 0, "mode": "refresh", "reason": f"one plain step to measure T_1 again (none in "
+                                                                 f"{self.since_plain} steps), then k={self.k} again"}
+            logger.debug("hf_spec adaptive k: %s", self.pending)
+            return 0, self.pending
         line = self.draft_line()  # once per step, shared by every k
         best, speed = max(((k, self.predicted_speedup(k, line)) for k in range(self.lo, self.hi + 1)),
                           key=lambda t: (t[1], -t[0]))
@@ -274,6 +295,15 @@ class AdaptiveK:
                 self.accepted = [a * 0.25 for a in self.accepted]
                 self._set(self.probe_k, "probe", f"probe at k={self.probe_k} after {self.off_length} plain steps")
             return self.k, self.pending
+        if self.mode == "on" and self.explore not in self._step:
+            # measure the drafter's own k once as well, unless even an optimistic model of it (drafting costs
+            # per step what it costs now, whatever k) predicts no gain over the k measured, nor over plain
+            # decoding: a drafter with a large per-step cost can lose at k = 1 and win at larger k
+            hopeful = self.predicted_speedup(self.explore, (self._median(self._draft.get(self.k, [])) or 0.0, 0.0))
+            if hopeful > max(speed, self.off_below) * (1 + self.margin):
+                self._set(self.explore, "on", f"predicted {speed:.2f}x (k={self.explore}: up to {hopeful:.2f}x): "
+                                              f"measure k={self.explore} too", speed)
+                return self.k, self.pending
         if speed < self.off_below * (1 - self.margin) or (self.mode == "probe" and speed < self.off_below):
             if self.mode == "probe":
                 self.off_length = min(self.max_off_steps, 2 * self.off_length)
@@ -285,13 +315,6 @@ class AdaptiveK:
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
             return self.k, self.pending
-        if self.explore not in self._step:  # speculation pays: measure the drafter's own k once as well,
-            # unless even an optimistic model (drafting costs what it costs now, whatever k) says it loses
-            hopeful = self.predicted_speedup(self.explore, (self._median(self._draft.get(self.k, [])) or 0.0, 0.0))
-            if hopeful > speed * (1 + self.margin):
-                self._set(self.explore, "on", f"predicted {speed:.2f}x (k={self.explore}: up to {hopeful:.2f}x): "
-                                              f"measure k={self.explore} too", speed)
-                return self.k, self.pending
         current = self.predicted_speedup(self.k, line)
         if best != self.k and speed > current * (1 + self.margin):
             self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)

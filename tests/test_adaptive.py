@@ -99,18 +99,23 @@ def test_policy_switches_off_at_low_acceptance_and_back_on_when_it_recovers():
 
 
 def test_a_one_off_cost_does_not_switch_speculation_off():
-    """A draft model's first draft also prefills the prompt (here 30 target steps' worth): medians of recent
-    times ignore it, so speculation stays on where it pays."""
+    """A draft model's first draft also prefills the prompt (here 30 target steps' worth, at step 4, the
+    first speculative one): medians of recent times ignore it, so speculation stays on where it pays. The
+    only plain steps after the first 3 are the ones that measure T_1 again (one in 64 speculative steps)."""
     controller = AdaptiveK(k_max=8)
     controller.reset(drafter_k=3)
-    ks = []
-    for step in range(1, 80):
-        k, _ = controller.decide()
+    ks, refreshes = [], []
+    for step in range(1, 150):
+        k, decision = controller.decide()
         ks.append(k)
-        draft_time = (30.0 if step == 2 else 0.05 * k) * 0.01
+        assert not decision or decision["mode"] != "off", decision
+        if decision and decision["mode"] == "refresh":
+            refreshes.append(step)
+        draft_time = (30.0 if step == 4 else 0.05 * k) * 0.01
         controller(StepEvent(step, k, [list(range(k))], [k], [list(range(k + 1))], draft_time_s=draft_time,
                              verify_time_s=(1.0 + 0.1 * k) * 0.01, time_s=0.0, finished=[False]))
-    assert ks[:3] == [0, 0, 0] and 0 not in ks[3:], ks  # after the plain steps that measure T_1, never off
+    assert ks[:3] == [0, 0, 0] and ks[3] > 0, ks
+    assert [i + 1 for i, k in enumerate(ks) if k == 0][3:] == refreshes == [68, 133], (refreshes, ks)
 
 
 def test_first_judgment_at_the_cheapest_k_then_the_drafters_k_is_measured():
@@ -166,6 +171,35 @@ def test_the_drafters_k_is_not_measured_where_even_an_optimistic_model_says_it_l
     assert not any("measure k=3" in d["reason"] for d in decisions), decisions
 
 
+def test_a_drafter_that_loses_at_k1_but_wins_at_larger_k_is_measured_there():
+    """A draft as slow per step as the target (1 T_1 per step plus 0.05 T_1 per token; a launch-bound draft
+    model on a GPU), right 95% of the time, with a flat verify cost: k = 1 loses (0.95x), k = 8 reaches 3.1x.
+    The first judgment at k = 1 fails, but an optimistic model of the drafter's k predicts a gain, so that k
+    is measured before switching off, and the controller climbs from there instead of probing k = 1 forever."""
+    ks, decisions = simulate(AdaptiveK(), lambda step: [0.95] * 8, 0.05, lambda n: 1.0, steps=200,
+                             draft_overhead=1.0)
+    assert ks[7] == 5 and "measure k=5 too" in decisions[2]["reason"], (ks[:12], decisions[:3])
+    assert not any(d["mode"] == "off" for d in decisions), decisions
+    assert Counter(ks[50:])[0] <= 3 and min(k for k in ks[50:] if k) >= 6, Counter(ks[50:])  # 0: T_1 re-measured
+
+
+def test_a_start_measured_on_a_slow_moment_does_not_keep_speculation_on():
+    """Two of the 3 plain steps that measure T_1 come out twice as slow (a busy machine); while speculation is
+    on there are no plain steps to correct it. A drafter that is never right and costs 0.5 T_1 per step
+    (truly 0.62x) then looks 1.27x; after 64 speculative steps one plain step measures T_1 again, and once
+    the median has the true T_1 it switches off."""
+    controller = AdaptiveK()
+    controller.reset(drafter_k=3)
+    ks = []
+    for step in range(1, 200):
+        k, _ = controller.decide()
+        ks.append(k)
+        slow = 2.0 if step in (1, 2) else 1.0
+        controller(StepEvent(step, k, [list(range(k))], [0], [[0]], draft_time_s=(0.5 + 0.05 * k) * 0.01 if k else 0.0,
+                             verify_time_s=slow * (1.0 + 0.1 * k) * 0.01, time_s=0.0, finished=[False]))
+    assert Counter(ks[50:])[0] >= 120, Counter(ks[50:])
+
+
 def test_policy_turns_off_a_drafter_that_costs_more_than_it_saves():
     ks, decisions = simulate(AdaptiveK(), lambda step: [0.6] * 8, 1.5, lambda n: 1.0, steps=200)
     assert Counter(ks[100:])[0] >= 80 and any(d["mode"] == "off" for d in decisions)
@@ -200,7 +234,9 @@ def test_ngram_misses_do_not_hide_the_cost_of_its_hits():
 
 def test_bad_settings():
     for kw in [dict(k_min=0), dict(k_min=3, k_max=2), dict(k_start=0), dict(decay=1.0), dict(window=0), dict(off_steps=0),
-               dict(dwell_steps=0), dict(margin=-1), dict(plain_steps=0)]:
+               dict(dwell_steps=0), dict(margin=-1), dict(plain_steps=0),
+               dict(window=2), dict(window=4, plain_steps=5), dict(margin=1.0), dict(margin=float("nan")),
+               dict(off_below=float("nan")), dict(off_below=float("inf"))]:
         with pytest.raises(ValueError):
             AdaptiveK(**kw)
     target, _ = tiny_pair()
