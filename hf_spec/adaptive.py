@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from typing import NamedTuple
 
 from .events import StepEvent
 from .tuning import expected_tokens_per_step
@@ -58,6 +59,15 @@ from .tuning import expected_tokens_per_step
 __all__ = ["AdaptiveK", "CycleK", "make_controller"]
 
 logger = logging.getLogger("hf_spec")
+
+
+class _Model(NamedTuple):
+    """The estimates a decision rests on, computed once per step and shared by every k."""
+
+    acceptance: list[float]  # conditional acceptance by position
+    draft_line: tuple[float, float]  # (c_0, c_1) seconds
+    p: float  # fraction of speculative steps that drafted (pooled over k)
+    t_miss: float  # a step that drafted nothing, over T_1
 
 
 class AdaptiveK:
@@ -235,38 +245,48 @@ class AdaptiveK:
         slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)) if pts else 0.0
         return 1.0 + slope * (n - 1)
 
-    def step_cost(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
+    def model(self) -> _Model:
+        """The current estimates (acceptance, drafting line, share of steps that drafted, a miss's cost), for
+        :meth:`step_cost` and :meth:`predicted_speedup` of every k (needs T_1 measured)."""
+        steps = [step for v in self._step.values() for step in v]
+        p = sum(d for _, d in steps) / len(steps) if steps else 1.0
+        t_miss = (self._median([t for t, d in steps if not d]) or self.t_plain) / self.t_plain
+        return _Model(self.acceptance(), self.draft_line(), p, t_miss)
+
+    def step_cost(self, k: int, model: _Model | None = None) -> float:
         """Seconds of one step at k over T_1, ``p t_draft(k) + (1 - p) t_miss``: a drafter may find nothing to
         propose (an n-gram miss), and such a step verifies one position. ``p`` is the fraction of recent
         speculative steps that drafted (pooled over every k: whether a match exists does not depend on k),
         ``t_miss`` the median of those that did not, ``t_draft(k)`` the median of the steps at k that drafted
-        where there are any, else ``T_verify(k+1) + c_0 + c_1 k`` (``draft_line``: :meth:`draft_line`, when
-        already computed). Weighting the two medians by how often each happens matters: one median over both
-        would report the cheap mode while the expensive one costs."""
+        where there are any, else ``T_verify(k+1) + c_0 + c_1 k`` (``model``: :meth:`model`, when already
+        computed). Weighting the two medians by how often each happens matters: one median over both would
+        report the cheap mode while the expensive one costs."""
         if k == 0:
             return 1.0
-        steps = [step for v in self._step.values() for step in v]
-        p = sum(d for _, d in steps) / len(steps) if steps else 1.0
+        model = model or self.model()
         drafted = [t for t, d in self._step.get(k, []) if d]
         if drafted:
             t_draft = self._median(drafted) / self.t_plain
         else:
-            c0, c1 = draft_line or self.draft_line()
+            c0, c1 = model.draft_line
             t_draft = self.verify_cost(k + 1) + (c0 + c1 * k) / self.t_plain
-        t_miss = (self._median([t for t, d in steps if not d]) or self.t_plain) / self.t_plain
-        return p * t_draft + (1 - p) * t_miss
+        return model.p * t_draft + (1 - model.p) * model.t_miss
 
-    def predicted_speedup(self, k: int, draft_line: tuple[float, float] | None = None) -> float:
+    def predicted_speedup(self, k: int, model: _Model | None = None) -> float:
         """Predicted speedup over plain decoding at k (needs T_1 measured)."""
-        return expected_tokens_per_step(self.acceptance(), k) / max(1e-9, self.step_cost(k, draft_line))
+        model = model or self.model()
+        return expected_tokens_per_step(model.acceptance, k) / max(1e-9, self.step_cost(k, model))
 
     # ---- the decision ---------------------------------------------------------------------------
-    def _set(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
-        self.k, self.mode, self.steps_in_mode = k, mode, 0
+    def _record(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
         self.pending = {"k": k, "mode": mode, "reason": reason}
         if predicted is not None:
             self.pending["predicted_speedup"] = round(predicted, 4)
         logger.debug("hf_spec adaptive k: %s", self.pending)
+
+    def _set(self, k: int, mode: str, reason: str, predicted: float | None = None) -> None:
+        self.k, self.mode, self.steps_in_mode = k, mode, 0
+        self._record(k, mode, reason, predicted)
 
     def decide(self) -> tuple[int, dict | None]:
         """The k for the coming step (0 = plain decoding), and the decision record when it changed."""
@@ -280,14 +300,10 @@ class AdaptiveK:
             return self.k, self.pending
         if self.mode in ("on", "probe") and self.steps_in_mode < self.dwell_steps:
             return self.k, self.pending  # measure a new k (or a probe) for a few steps before judging it
-        if self.mode == "on" and self.since_plain >= self.refresh_steps:
-            self.pending = {"k": 0, "mode": "refresh", "reason": f"one plain step to measure T_1 again (none in "
-                                                                 f"{self.since_plain} steps), then k={self.k} again"}
-            logger.debug("hf_spec adaptive k: %s", self.pending)
+        if self.mode == "on" and self.since_plain >= self.refresh_steps:  # the k in use stays self.k
+            self._record(0, "refresh", f"one plain step to measure T_1 again (none in {self.since_plain} steps), "
+                                       f"then k={self.k} again")
             return 0, self.pending
-        line = self.draft_line()  # once per step, shared by every k
-        best, speed = max(((k, self.predicted_speedup(k, line)) for k in range(self.lo, self.hi + 1)),
-                          key=lambda t: (t[1], -t[0]))
         if self.mode == "off":
             if self.steps_in_mode >= self.off_length:
                 # old acceptance counts came from the text before the switch-off: let fresh ones dominate
@@ -295,11 +311,15 @@ class AdaptiveK:
                 self.accepted = [a * 0.25 for a in self.accepted]
                 self._set(self.probe_k, "probe", f"probe at k={self.probe_k} after {self.off_length} plain steps")
             return self.k, self.pending
+        model = self.model()  # once per step, shared by every k
+        best, speed = max(((k, self.predicted_speedup(k, model)) for k in range(self.lo, self.hi + 1)),
+                          key=lambda t: (t[1], -t[0]))
         if self.mode == "on" and self.explore not in self._step:
             # measure the drafter's own k once as well, unless even an optimistic model of it (drafting costs
             # per step what it costs now, whatever k) predicts no gain over the k measured, nor over plain
             # decoding: a drafter with a large per-step cost can lose at k = 1 and win at larger k
-            hopeful = self.predicted_speedup(self.explore, (self._median(self._draft.get(self.k, [])) or 0.0, 0.0))
+            step_draft = self._median(self._draft.get(self.k, [])) or 0.0
+            hopeful = self.predicted_speedup(self.explore, model._replace(draft_line=(step_draft, 0.0)))
             if hopeful > max(speed, self.off_below) * (1 + self.margin):
                 self._set(self.explore, "on", f"predicted {speed:.2f}x (k={self.explore}: up to {hopeful:.2f}x): "
                                               f"measure k={self.explore} too", speed)
@@ -309,13 +329,14 @@ class AdaptiveK:
                 self.off_length = min(self.max_off_steps, 2 * self.off_length)
             self.probe_k = best  # the next probe tries the k that came closest
             self._set(0, "off", f"best k={best} predicted {speed:.2f}x < {self.off_below:.2f}x "
-                                f"(a_1={self.acceptance()[0]:.2f}, step cost={self.step_cost(best):.2f} T_1)", speed)
+                                f"(a_1={model.acceptance[0]:.2f}, step cost={self.step_cost(best, model):.2f} T_1)",
+                      speed)
             return self.k, self.pending
         if self.mode == "probe":
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
             return self.k, self.pending
-        current = self.predicted_speedup(self.k, line)
+        current = self.predicted_speedup(self.k, model)
         if best != self.k and speed > current * (1 + self.margin):
             self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
         return self.k, self.pending
