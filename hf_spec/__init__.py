@@ -6,7 +6,8 @@ Public names only; see the user guide in ``docs/``.
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK
 from .assisted import enable_drafters
-from .drafters import Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VocabularyMismatchError
+from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VerifyOutput, VocabularyMismatchError,
+                       make_drafter, register_drafter)
 from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
 from .events import StepEvent
 from .loop import SpeculativeOutput, generate, speculative_decode
@@ -17,7 +18,8 @@ from . import prompts
 from .models import ModelChecksumError, UnknownModelError, load, provision
 
 __all__ = [
-    "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig",
+    "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig", "VerifyOutput",
+    "make_drafter", "register_drafter", "prompts",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
     "enable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",

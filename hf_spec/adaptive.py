@@ -54,6 +54,7 @@ import statistics
 from typing import NamedTuple
 
 from .events import StepEvent
+from .metrics import count_positions
 from .tuning import expected_tokens_per_step
 
 __all__ = ["AdaptiveK", "CycleK", "make_controller"]
@@ -206,17 +207,11 @@ class AdaptiveK:
             self._add(self._draft.setdefault(k, []), event.draft_time_s)
             # (seconds, whether it drafted): a drafter that found nothing (an n-gram miss) makes a plain step
             self._add(self._step.setdefault(k, []), (event.draft_time_s + event.verify_time_s, n > 1))
-            while len(self.reached) < k:
-                self.reached.append(0.0)
-                self.accepted.append(0.0)
             # only the positions this step could observe forget: the others keep what was last seen there
             self.reached[:k] = [r * self.decay for r in self.reached[:k]]
             self.accepted[:k] = [a * self.decay for a in self.accepted[:k]]
             for _, accepted, _ in rows:  # an empty draft position counts as a rejection (see SpecStats)
-                for i in range(min(accepted + 1, k)):
-                    self.reached[i] += 1
-                for i in range(min(accepted, k)):
-                    self.accepted[i] += 1
+                count_positions(self.reached, self.accepted, k, accepted)
         self.steps_in_mode += 1
 
     # ---- the model ------------------------------------------------------------------------------

@@ -117,41 +117,32 @@ class _StopFlag(StoppingCriteria):
 
 @dataclass
 class DemoModels:
-    """What the demo serves: the target, its tokenizer, and the optional draft model and Medusa heads."""
+    """What the demo serves: the target, its tokenizer, and its drafters by the label the page shows.
+
+    The drafters are built once (:func:`load_models`, through the drafter registry) and shared by every
+    request: a generate call works on its own bound copy of a drafter and passes k per call, so requests never
+    change one another's drafter.
+    """
 
     target: object
     tokenizer: object
-    draft: object | None = None
-    medusa: object | None = None  # a MedusaHeads, bound to the target
+    drafters: dict = field(default_factory=dict)  # label in METHODS -> Drafter
     names: dict = field(default_factory=dict)
-    _medusa_drafter: object | None = field(default=None, repr=False)
 
-    def drafter(self, method: str, k):
-        from .drafters.draft_model import DraftModelDrafter
-        from .drafters.medusa import MedusaDrafter
-        from .drafters.ngram import NgramDrafter
+    def drafter(self, method: str):
+        """The drafter for a page label (``None`` for ``"none"``).
 
-        start = 3 if k == "auto" else k
+        Raises:
+            ValueError: an unknown label, or one whose model was not loaded.
+        """
         if method == "none":
             return None
-        if method == "n-gram":
-            return NgramDrafter(start)
-        if method == "draft model":
-            if self.draft is None:
-                raise ValueError("no draft model loaded: start the demo with --draft NAME")
-            return DraftModelDrafter(self.draft, start)
-        if method == "medusa":
-            if self.medusa is None:
-                raise ValueError("no Medusa heads loaded: start the demo with --medusa DIR|NAME")
-            if k != "auto" and k > self.medusa.num_heads:
-                raise ValueError(f"k={k} but the Medusa heads predict {self.medusa.num_heads} tokens: "
-                                 f"choose k <= {self.medusa.num_heads} or auto")
-            # one drafter (one hook on the target's lm_head) for the app's life; requests run one at a time
-            if self._medusa_drafter is None:
-                self._medusa_drafter = MedusaDrafter(self.medusa)
-            self._medusa_drafter.num_speculative_tokens = self.medusa.num_heads if k == "auto" else k
-            return self._medusa_drafter
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method not in self.drafters:
+            flag = {"draft model": "--draft NAME", "medusa": "--medusa DIR|NAME"}.get(method, "")
+            raise ValueError(f"no {method} drafter loaded: start the demo with {flag}")
+        return self.drafters[method]
 
 
 def _check(prompt: str, k, max_new_tokens, temperature, top_p) -> tuple:
@@ -182,8 +173,11 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     from .loop import generate as spec_generate
     from .prompts import chat_inputs
 
+    from .loop import plan_num_speculative_tokens
+
     k, max_new_tokens, temperature, top_p = _check(prompt, k, max_new_tokens, temperature, top_p)
-    drafter = models.drafter(method, k)
+    drafter = models.drafter(method)
+    plan_num_speculative_tokens(k, drafter)  # k above what the drafter can propose: a message before any work
     tok = models.tokenizer
     inputs = chat_inputs(tok, prompt)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
@@ -266,8 +260,7 @@ def build_app(models: DemoModels):
     """The Gradio Blocks app (not launched)."""
     import gradio as gr
 
-    methods = [m for m in METHODS if not (m == "draft model" and models.draft is None)
-               and not (m == "medusa" and models.medusa is None)]
+    methods = [m for m in METHODS if m == "none" or m in models.drafters]
     with gr.Blocks(title="hf-spec: speculative decoding, live", analytics_enabled=False) as app:
         gr.Markdown(f"## hf-spec: speculative decoding, live\nTarget **{models.names.get('target', '?')}**"
                     + (f", draft **{models.names['draft']}**" if models.names.get("draft") else "")
@@ -304,7 +297,7 @@ def build_app(models: DemoModels):
             except ValueError as e:
                 yield gr.update(), gr.update(), gr.update(), gr.update(), f"**Error:** {html.escape(str(e))}"
 
-        ev = go.click(on_generate, [prompt, method, k, temperature, top_p, max_new, compare, stop_flag],
+        go.click(on_generate, [prompt, method, k, temperature, top_p, max_new, compare, stop_flag],
                       [out, stats, plot, plain, error])
         halt.click(lambda flag: flag.set(), [stop_flag], None, queue=False)
     app.queue(default_concurrency_limit=1)
@@ -312,23 +305,23 @@ def build_app(models: DemoModels):
 
 
 def load_models(target: str, draft: str | None, medusa: str | None, dtype: str = "auto") -> DemoModels:
-    """Load the target (and draft / Medusa heads) by short name, folder or hub name."""
-    from .models import load, resolve_dtype
+    """Load the target by short name, folder or hub name, and build its drafters with the drafter registry:
+    n-gram lookup always, ``draft:DRAFT`` and ``medusa:MEDUSA`` when named.
 
-    t_dtype = resolve_dtype(dtype)
-    model, tok = load(target, dtype=t_dtype)
-    names = {"target": target}
-    draft_model = None
-    if draft:
-        draft_model, _ = load(draft, dtype=torch.float16 if t_dtype == torch.float16 else torch.bfloat16)
-        names["draft"] = draft
-    heads = None
-    if medusa:
-        from .medusa.heads import MedusaHeads
+    Raises:
+        ValueError: a bad drafter spec (e.g. no such Medusa heads), before the target loads.
+    """
+    from .device import resolve_dtype
+    from .drafters.registry import make_drafter, parse_drafter
+    from .models import load
 
-        heads = MedusaHeads.from_pretrained(medusa, target=model)
-        names["medusa"] = medusa
-    return DemoModels(model, tok, draft_model, heads, names)
+    specs = {"draft model": f"draft:{draft}" if draft else None, "medusa": f"medusa:{medusa}" if medusa else None,
+             "n-gram": "ngram"}
+    parsed = {label: parse_drafter(spec) for label, spec in specs.items() if spec}  # fail before loading
+    model, tok = load(target, dtype=resolve_dtype(dtype))
+    drafters = {label: make_drafter(spec, target=model, tokenizer=tok) for label, spec in parsed.items()}
+    names = {"target": target} | ({"draft": draft} if draft else {}) | ({"medusa": medusa} if medusa else {})
+    return DemoModels(model, tok, drafters, names)
 
 
 def main(argv=None) -> int:

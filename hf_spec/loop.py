@@ -25,15 +25,15 @@ from transformers.utils import ModelOutput
 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK, make_controller
-from .drafters.base import Drafter, check_num_speculative_tokens
+from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
-from .models import bitsandbytes_bf16_layers
+from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences
 from .ragged import RaggedCache
 
-__all__ = ["generate", "SpeculativeOutput", "speculative_decode", "generated_length"]
+__all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
 logger = logging.getLogger("hf_spec")
 
@@ -78,10 +78,13 @@ def generate(
         logits_processor: prepared by ``generate`` (temperature, top-k, top-p, penalties, ...).
         stopping_criteria: prepared by ``generate`` (max length, EOS, stop strings).
         generation_config: prepared by ``generate``.
-        drafter: an hf-spec :class:`~hf_spec.drafters.base.Drafter`; ``None`` decodes without speculation.
-        num_speculative_tokens: k; overrides the drafter's own value when given. ``"auto"`` (or an
-            :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from running
-            measurements and switches speculation off where it does not pay.
+        drafter: an hf-spec :class:`~hf_spec.drafters.base.Drafter`; ``None`` decodes without speculation. The
+            call works on a copy bound to it (:meth:`~hf_spec.drafters.base.Drafter.start`): the object passed
+            is never changed, so one drafter can serve many calls, threads included.
+        num_speculative_tokens: k for this call (an int >= 1); ``None`` uses the drafter's own k. ``"auto"``
+            (or an :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from
+            running measurements and switches speculation off where it does not pay. Never written onto the
+            drafter: the loop passes each step's k to ``drafter.draft``.
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``). Pass it under
             this name: transformers 5 does not hand ``streamer=`` on to ``custom_generate`` callables.
         event_listeners: callables that receive each :class:`~hf_spec.events.StepEvent`.
@@ -93,7 +96,8 @@ def generate(
 
     Raises:
         ValueError: beam search or ``num_return_sequences`` > 1, an empty prompt or all-padding row, a
-            right-padded batch, k < 1, a streamer with batch size > 1, or a cache that cannot be cropped.
+            right-padded batch, k < 1 or above what the drafter can propose, a streamer with batch size > 1,
+            or a cache that cannot be cropped.
     """
     if streamer is not None:  # a future transformers may pass it on
         spec_streamer = spec_streamer or streamer
@@ -112,7 +116,7 @@ def generate(
     )
 
 
-def _validate(model, input_ids, drafter, generation_config, num_speculative_tokens, cache) -> None:
+def _validate(model, input_ids, drafter, generation_config, cache) -> None:
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
     if model.device.type == "meta":
@@ -124,8 +128,6 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
-    if num_speculative_tokens is not None and make_controller(num_speculative_tokens) is None:
-        check_num_speculative_tokens(num_speculative_tokens)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(
             f"drafter must be an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...), got {type(drafter).__name__}"
@@ -142,7 +144,7 @@ def _validate(model, input_ids, drafter, generation_config, num_speculative_toke
                 "the target's bitsandbytes 4-bit layers compute in bfloat16 on this CPU (bitsandbytes' fused "
                 "AVX512-BF16 kernel) although their compute dtype is %s: greedy output equals the target's own "
                 "only up to bfloat16 near-ties. For float32 exactness call "
-                "hf_spec.models.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
+                "hf_spec.quantization.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError(
@@ -173,12 +175,11 @@ def speculative_decode(
     costs nothing afterwards. Per-row cache state is kept by :class:`~hf_spec.ragged.RaggedCache`.
     ``stopping_criteria`` must end every row (it holds at least ``max_length``); ``generate`` builds it.
     """
-    _validate(model, input_ids, drafter, generation_config, num_speculative_tokens, cache)
+    _validate(model, input_ids, drafter, generation_config, cache)
+    k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     bsz = input_ids.shape[0]
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
-    if streamer is not None:
-        streamer.put(input_ids.cpu())  # as transformers' generate does: the prompt first
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     if stopping_criteria is None or len(stopping_criteria) == 0:
         raise ValueError("stopping_criteria must include a max length; call through model.generate")
@@ -186,18 +187,20 @@ def speculative_decode(
     input_ids = input_ids.to(device)
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
+    max_length = generation_config.max_length
+    # the drafter of this call: a copy bound to it, so the caller's object never changes
+    session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
     listeners = [stats := SpecStats()] + list(event_listeners or [])
-    controller = make_controller(num_speculative_tokens) if drafter is not None else None
-    if drafter is not None:
-        if num_speculative_tokens is not None and controller is None:
-            drafter.num_speculative_tokens = num_speculative_tokens
-        drafter.prepare(model, input_ids, generation_config, logits_processor)
     if controller is not None:
-        controller.reset(drafter.num_speculative_tokens, drafter.max_num_speculative_tokens)
+        controller.reset(k_call, drafter.max_num_speculative_tokens)
         listeners.append(controller)
-        k_fixed = drafter.num_speculative_tokens
+    # drafters that read the target's hidden states get the last layer's, and only it (transformers keeps
+    # the others as None when output_hidden_states selects an index)
+    hidden_kwargs = {"output_hidden_states": -1} if session is not None and session.needs_hidden_states else {}
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
+    if streamer is not None:
+        streamer.put(input_ids.cpu())  # as transformers' generate does: the prompt first
 
     # per row: its sequence as transformers' batched generate sees it (own left padding, then tokens)
     rows = [input_ids[b] for b in range(bsz)]
@@ -219,14 +222,21 @@ def speculative_decode(
                 break
         return kept
 
+    def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
+        if session is not None:
+            hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden))
+
     t0 = time.perf_counter()
     # ---- prefill: the target alone chooses each row's first token --------------------------------
     ragged = RaggedCache(model.config, bsz, device, cache)
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
-                         if attention_mask is None else attention_mask.to(device).bool())
+                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     scores = process_scores(logits_processor, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
     emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
+    none = input_ids.new_zeros(bsz)
+    tell_drafter(0, out, none, none, 1)
     verify_time = time.perf_counter() - t0
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))
@@ -241,25 +251,23 @@ def speculative_decode(
         if len(keep) < len(active):  # finished rows leave the batch
             index = torch.tensor(keep, dtype=torch.long, device=device)
             ragged.select(index)
-            if drafter is not None:
-                drafter.select_rows(index)
+            if session is not None:
+                session.select_rows(index)
             active = [active[i] for i in keep]
         step += 1
         n_rows = len(active)
-        # ---- draft --------------------------------------------------------------------------------
+        # ---- draft: the loop chooses k (fixed, or the controller's; 0 = a plain step) -----------------
         t_draft = time.perf_counter()
         decision = None
         if controller is not None:
             k_asked, decision = controller.decide()
-            drafter.num_speculative_tokens = max(1, k_asked)
         else:
-            k_asked = drafter.num_speculative_tokens if drafter is not None else 0
+            k_asked = k_call
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
-        budget = torch.tensor([min(k_asked, drafter.budget(rows[b][None])) if drafter is not None else 0
-                               for b in active], device=device)
+        budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
         k_step = int(budget.max())
         if k_step > 0:
-            drafts, num_drafted, draft_scores = drafter.draft([rows[b][pad_len[b]:] for b in active], k_step)
+            drafts, num_drafted, draft_scores = session.draft([rows[b][pad_len[b]:] for b in active], k_step)
             drafts, num_drafted = drafts.to(device), torch.minimum(num_drafted.to(device), budget)
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
@@ -271,7 +279,8 @@ def speculative_decode(
         cols = torch.arange(k + 1, device=device)
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
-            out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1)
+            out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1,
+                                 **hidden_kwargs)
         logits = out.logits[:, -(k + 1):].float()
         if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all positions in one call
             target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
@@ -289,6 +298,7 @@ def speculative_decode(
         emitted = [append_until_stop(b, drafts_list[i][: n_acc[i]] + [nxt[i]]) for i, b in enumerate(active)]
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         ragged.truncate(before + 1 + num_accepted)
+        tell_drafter(step, out, num_drafted, num_accepted, k + 1)
         now = time.perf_counter()
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
@@ -301,12 +311,36 @@ def speculative_decode(
                 rows=list(active),
             )
         )
-    if controller is not None:
-        drafter.num_speculative_tokens = k_fixed
     if streamer is not None:
         streamer.end()
     logger.info("hf_spec: %s", stats.summary())
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats)
+
+
+def plan_num_speculative_tokens(num_speculative_tokens, drafter: Drafter | None) -> tuple[int, AdaptiveK | None]:
+    """One call's k, decided once: ``(k, None)`` for a fixed k, or ``(the drafter's k, controller)`` for
+    ``"auto"`` / an :class:`~hf_spec.adaptive.AdaptiveK` (which measures the drafter's k after ``k_min``).
+
+    Args:
+        num_speculative_tokens: an int >= 1, ``"auto"``, an ``AdaptiveK``, or ``None`` (the drafter's own k).
+        drafter: the call's drafter; ``None`` (plain decoding) gives ``(0, None)`` after checking the value.
+
+    Raises:
+        ValueError: not one of the above, or a fixed k above what the drafter can propose per step.
+    """
+    controller = make_controller(num_speculative_tokens)
+    if controller is None and num_speculative_tokens is not None:
+        check_num_speculative_tokens(num_speculative_tokens)
+    if drafter is None:
+        return 0, None
+    if controller is not None:
+        return drafter.num_speculative_tokens, controller
+    k = drafter.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+    cap = drafter.max_num_speculative_tokens
+    if cap is not None and k > cap:
+        raise ValueError(f"num_speculative_tokens={k} but this {drafter.method} drafter proposes at most {cap} tokens "
+                         f"per step; use k <= {cap}, leave k unset (the drafter's own) or \"auto\"")
+    return k, None
 
 
 def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTensor) -> list[int]:

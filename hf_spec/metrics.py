@@ -23,7 +23,38 @@ from dataclasses import asdict, dataclass, field
 
 from .events import StepEvent
 
-__all__ = ["SpecStats"]
+__all__ = ["SpecStats", "count_positions"]
+
+
+def count_positions(reached: list, accepted: list, k: int, num_accepted: int, weight: float = 1.0,
+                    drafted: list | None = None, num_drafted: int = 0) -> None:
+    """Count one row-step of a draft of up to k tokens into per-position lists (the one counting rule of the
+    statistics, the benchmark and the adaptive controller; the lists grow as needed).
+
+    Position i was *reached* when the first i drafted tokens were accepted (for ``i < min(num_accepted + 1, k)``:
+    a position the drafter left empty counts as reached and rejected, so a drafter that finds nothing to
+    propose lowers the acceptance it is judged by), *accepted* for ``i < min(num_accepted, k)``, and
+    *drafted* for ``i < num_drafted``.
+
+    Args:
+        reached: per-position counts of reached positions, updated in place (ints, or decayed floats).
+        accepted: per-position counts of accepted tokens, the same way.
+        k: the k asked for this step.
+        num_accepted: drafted tokens accepted in this row-step.
+        weight: what one observation adds (1).
+        drafted: optional per-position counts of drafted tokens, updated the same way.
+        num_drafted: the draft's length (with ``drafted``).
+    """
+    n = max(k, num_drafted)
+    for counts in (reached, accepted) + ((drafted,) if drafted is not None else ()):
+        counts.extend([0] * (n - len(counts)))
+    for i in range(min(num_accepted + 1, k)):
+        reached[i] += weight
+    for i in range(min(num_accepted, k)):
+        accepted[i] += weight
+    if drafted is not None:
+        for i in range(num_drafted):
+            drafted[i] += weight
 
 
 @dataclass
@@ -77,19 +108,13 @@ class SpecStats:
                 continue
             self.num_row_steps += 1
             self.num_emitted_tokens += len(emitted)
-            if event.step > 0 and event.num_speculative_tokens > 0:
-                self._grow(event.num_speculative_tokens)
-                for i in range(min(accepted + 1, event.num_speculative_tokens)):
-                    self.reached_per_position[i] += 1
+            k = event.num_speculative_tokens if event.step > 0 else 0
+            count_positions(self.reached_per_position, self.accepted_per_position, k, accepted,
+                            drafted=self.drafted_per_position, num_drafted=len(drafted))
             if drafted:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(drafted)
                 self.num_accepted_tokens += accepted
-                self._grow(len(drafted))
-                for i in range(len(drafted)):
-                    self.drafted_per_position[i] += 1
-                for i in range(accepted):
-                    self.accepted_per_position[i] += 1
 
     def _grow(self, n: int) -> None:
         while len(self.drafted_per_position) < n:

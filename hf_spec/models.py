@@ -22,10 +22,8 @@ Environment:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -43,11 +41,6 @@ __all__ = [
     "resolve_name",
     "provision",
     "load",
-    "QUANTIZATIONS",
-    "bitsandbytes_config",
-    "honor_bitsandbytes_compute_dtype",
-    "bitsandbytes_bf16_layers",
-    "quantization_method",
 ]
 
 
@@ -264,42 +257,6 @@ def _check_file_sha256(path: Path, expected: str) -> None:
         )
 
 
-#: ``quantization=`` values of :func:`load`: bitsandbytes 4-bit weight types (quantized while loading)
-QUANTIZATIONS = ("nf4", "fp4")
-
-
-def quantization_method(path: str | Path) -> str | None:
-    """The ``quant_method`` of a model folder's ``config.json`` (``"awq"``, ``"gptq"``, ``"bitsandbytes"``...),
-    or ``None`` for an unquantized model or a path without a config (a hub name)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    quantization = json.loads(config.read_text()).get("quantization_config")
-    return None if quantization is None else str(quantization.get("quant_method", "unknown"))
-
-
-def bitsandbytes_config(quantization: str, dtype=None):
-    """A ``transformers.BitsAndBytesConfig`` for 4-bit weights of type ``quantization`` (``"nf4"`` or
-    ``"fp4"``; Dettmers et al. 2023, QLoRA) computing in ``dtype`` (default float32).
-
-    Raises:
-        ValueError: an unknown quantization.
-        ImportError: bitsandbytes is not installed (with the command that installs it).
-    """
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)} "
-                         "(AWQ and GPTQ checkpoints load as they are: pass their folder as the model)")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise ImportError(f"quantization={quantization!r} needs bitsandbytes: pip install 'hf-spec[bitsandbytes]'")
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantization,
-                              bnb_4bit_compute_dtype=dtype if dtype is not None else torch.float32)
-
-
 def load(name: str, dtype=None, device_map=None, quantization: str | None = None, **kwargs):
     """Load ``(model, tokenizer)`` by short name, local path, or hub name.
 
@@ -311,7 +268,7 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
             quantized model, the compute dtype of its non-quantized parts and of the 4-bit matmuls.
         device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to shard with accelerate).
         quantization: ``"nf4"`` or ``"fp4"`` to quantize the weights to 4 bits with bitsandbytes while loading
-            (:func:`bitsandbytes_config`); ``None`` keeps the checkpoint's own weights.
+            (:func:`hf_spec.quantization.bitsandbytes_config`); ``None`` keeps the checkpoint's own weights.
         **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
 
     Returns:
@@ -323,6 +280,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         ImportError: ``quantization`` without bitsandbytes installed.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .quantization import bitsandbytes_config, honor_bitsandbytes_compute_dtype, quantization_method
 
     short = resolve_name(name)
     if short is not None:
@@ -355,75 +314,3 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     return model, tokenizer
 
 
-def honor_bitsandbytes_compute_dtype(model) -> int:
-    """Make bitsandbytes' 4-bit layers compute in their own compute dtype on CPUs with AVX512-BF16.
-
-    On such CPUs bitsandbytes (0.50; checked on 0.50.2) runs every CPU 4-bit product through a fused kernel that casts the
-    input to bfloat16 and computes in bfloat16, whatever ``bnb_4bit_compute_dtype`` says. A model asked to
-    compute in float32 then rounds each 4-bit layer's input and output to bfloat16, and a verify forward over
-    k+1 positions, whose float32 parts (attention over k+1 queries) round differently from k+1 one-position
-    forwards, crosses bfloat16 rounding boundaries: on SmolLM2-135M NF4 the verify-vs-decode logit
-    difference grew from 3e-5 to 0.27-0.36 (2026-11-30), and greedy output was no longer token-identical.
-    This switches the fused kernel off for layers whose compute dtype is not bfloat16, so bitsandbytes
-    dequantizes and computes in the asked dtype, as it does on other CPUs. It costs plain decoding speed
-    (SmolLM2 NF4: 9.4 instead of 27.7 tokens/s on a 2-core AVX512-BF16 VM); ask for bfloat16 compute to keep
-    the fused kernel. :func:`load` calls it for ``quantization=``; call it on a 4-bit model loaded
-    otherwise, before its first forward. No effect without bitsandbytes, or on a GPU (the flag it clears
-    only selects a CPU kernel).
-
-    Returns:
-        The number of 4-bit layers switched.
-
-    Raises:
-        ValueError: a layer already ran its first CPU forward (its weights were repacked for the fused
-            kernel); call this right after loading.
-    """
-    count = 0
-    for module in bitsandbytes_bf16_layers(model):
-        state = getattr(module.weight, "quant_state", None)
-        if getattr(state, "packing_format_for_cpu", False):
-            raise ValueError("a bitsandbytes 4-bit layer already ran a forward in bitsandbytes' fused bfloat16 "
-                             "format; call honor_bitsandbytes_compute_dtype(model) right after loading")
-        module.support_avx512bf16_for_cpu = False
-        count += 1
-    return count
-
-
-def bitsandbytes_bf16_layers(model) -> list:
-    """bitsandbytes 4-bit layers of ``model`` that will compute in bfloat16 although their compute dtype is
-    not bfloat16 (the fused CPU kernel; see :func:`honor_bitsandbytes_compute_dtype`)."""
-    import torch
-
-    return [m for m in model.modules() if getattr(m, "support_avx512bf16_for_cpu", False)
-            and getattr(m, "compute_dtype", None) != torch.bfloat16]
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16), read from /proc/cpuinfo."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="ignore")
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_dtype(name: str | None = "auto"):
-    """The compute dtype for ``name``; ``"auto"`` picks the fastest that is sound here.
-
-    ``auto``: bfloat16 on a CUDA GPU that supports it (else float16); on a CPU, bfloat16 when the CPU has
-    native bfloat16 instructions (there it runs ~2.5x faster than float32 and verification is nearly flat),
-    else float32 (on AVX2-only CPUs bfloat16 is emulated: prefill is ~4x slower than float32).
-
-    Raises:
-        ValueError: an unknown dtype name.
-    """
-    import torch
-
-    if name in (None, "auto"):
-        if torch.cuda.is_available():
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-    if name not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
-    return getattr(torch, name)

@@ -98,7 +98,8 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
         ValueError: bits other than 4, a group size that does not divide the model's sizes, max_chars < 64, too
             few texts (under 8).
     """
-    from .models import provision, quantization_method, resolve_name
+    from .models import provision, resolve_name
+    from .quantization import quantization_method
 
     if bits != 4:
         raise ValueError(f"bits={bits}: AWQ checkpoints here are 4-bit (AWQ-INT4)")

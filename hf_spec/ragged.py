@@ -51,7 +51,8 @@ class RaggedCache:
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
 
-    def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1):
+    def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
+                **model_kwargs):
         """Run ``model`` over a block of new tokens appended to every row, and keep them in the cache.
 
         Args:
@@ -60,6 +61,7 @@ class RaggedCache:
             block_valid: ``BoolTensor[B, n]``, which block tokens are real (default: all). Filler tokens are
                 hidden from every query and stay holes.
             logits_to_keep: how many trailing positions to compute logits for.
+            **model_kwargs: passed to ``model`` (e.g. ``output_hidden_states``).
 
         Returns:
             the model output (``logits [B, logits_to_keep, V]``).
@@ -71,7 +73,7 @@ class RaggedCache:
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
         out = model(input_ids=block, attention_mask=self.valid.to(torch.long), position_ids=position_ids,
-                    cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
+                    cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep, **model_kwargs)
         self.lengths = self.lengths + block_valid.sum(dim=1)
         return out
 

@@ -36,22 +36,23 @@ def main(argv=None) -> int:
         return 0
 
     import hf_spec
-    from hf_spec.bench import Method, markdown_table, run_bench, summarize, write_report, machine_config
+    from hf_spec.bench import Method, markdown_table, run_bench, summarize, write_report
+    from hf_spec.device import machine_info
     from hf_spec.prompts import load_questions
 
     dtype = getattr(torch, args.dtype)
     target, tok = hf_spec.load(args.target, dtype=dtype, device_map=args.device)
     methods = [Method("baseline", "baseline")]
     if args.draft:
-        methods.append(Method(f"draft:{args.draft}", "draft", args.k, args.draft))
+        methods.append(Method(f"draft:{args.draft}", "hf-spec", args.k, f"draft:{args.draft}"))
     if args.medusa:
-        methods.append(Method(f"medusa:{args.medusa}", "medusa", args.k, args.medusa))
-    methods.append(Method("ngram", "ngram", args.k))
+        methods.append(Method(f"medusa:{args.medusa}", "hf-spec", args.k, f"medusa:{args.medusa}"))
+    methods.append(Method("ngram", "hf-spec", args.k, "ngram"))
     questions = load_questions(per_category=args.per_category)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=dtype)
     summary = summarize(raw, methods, greedy=True)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    config = dict(machine_config(), target=args.target, device=name, k=args.k, max_new_tokens=args.max_new_tokens,
+    config = dict(machine_info(), target=args.target, device=name, k=args.k, max_new_tokens=args.max_new_tokens,
                   num_prompts=len(questions), dtype=args.dtype, command="python scripts/gpu_check.py " + " ".join(sys.argv[1:]))
     write_report(args.out, config, summary, raw)
     print(f"{args.target} on {name}, {args.dtype}, k={args.k}, {len(questions)} prompts x {args.max_new_tokens} new tokens, batch 1")

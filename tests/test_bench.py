@@ -20,11 +20,14 @@ def run(*args):
 def test_parse_methods():
     ms = parse_methods("baseline,draft:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", [3])
     assert [m.name for m in ms] == ["baseline", "draft:smollm2-135m", "ngram", "hf-assisted", "hf-prompt-lookup"]
-    assert {m.k for m in ms[1:]} == {3} and ms[3].draft == "smollm2-135m"
+    assert {m.k for m in ms[1:]} == {3} and ms[3].spec == "smollm2-135m"
+    assert [m.kind for m in ms] == ["baseline", "hf-spec", "hf-spec", "hf-assisted", "hf-prompt-lookup"]
     sweep = parse_methods("ngram", [1, 2])
     assert [m.name for m in sweep] == ["baseline", "ngram@k=1", "ngram@k=2"]
     for bad, msg in [("hf-assisted", "needs a draft model"), ("foo", "unknown method"), ("", "empty"),
-                     ("medusa:", "needs the heads folder"), ("draft:", "needs a model name")]:
+                     ("medusa:", "needs DIR after the colon"), ("draft:", "needs MODEL after the colon"),
+                     ("ngram:4", "takes no argument"), ("medusa:/no/such/heads", "no Medusa heads"),
+                     ("none", "the baseline")]:
         with pytest.raises(ValueError, match=msg):
             parse_methods(bad, [3])
     with pytest.raises(ValueError, match="k must be an integer >= 1 or auto"):
@@ -34,8 +37,8 @@ def test_parse_methods():
                                       "hf-prompt-lookup@k=3"]  # transformers' peers have no k=auto
     with pytest.raises(ValueError, match="no k=auto"):
         parse_methods("ngram,hf-prompt-lookup", ["auto"])
-    medusa = parse_methods("medusa:heads/x", [2])[1]
-    assert (medusa.name, medusa.kind, medusa.draft, medusa.k) == ("medusa:heads/x", "medusa", "heads/x", 2)
+    medusa = parse_methods("medusa:smollm2-135m", [2])[1]  # the shipped heads, by name
+    assert (medusa.name, medusa.kind, medusa.spec, medusa.k) == ("medusa:smollm2-135m", "hf-spec", "medusa:smollm2-135m", 2)
 
 
 def test_failed_report_leaves_nothing(tmp_path):
@@ -142,7 +145,7 @@ def test_bench_bad_input():
 
 @pytest.mark.slow
 def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch):
-    import hf_spec.bench as bench
+    import hf_spec.bench.runner as bench
     from hf_spec.prompts import load_questions
 
     model, tok = smol

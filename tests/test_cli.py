@@ -126,7 +126,6 @@ def test_generate_auto_k_json_and_prometheus_scrape():
     """-k auto: identical output, the k of every step and the policy's decisions in the JSON; the metrics
     served on loopback during --prometheus-hold equal the statistics."""
     import socket
-    import time
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -194,7 +193,7 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     target's logits for them after the common prefix (checked against a forward of its own)."""
     import torch
 
-    from hf_spec.cli import first_difference
+    from hf_spec.commands.generate import first_difference
 
     model, tok = smol
     prompt = torch.tensor(tok("def reverse(s):")["input_ids"])
@@ -213,7 +212,7 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert diff["logit_gap"] == pytest.approx(float(logits[plain[5]] - logits[other[5]]), abs=1e-4)
     assert diff["logit_gap"] > 0  # greedy chose the plain token: it has the top logit
     # a swapped token is no near-tie in float32 unless its logit is within NEAR_TIE_BOUNDS["float32"]
-    from hf_spec.cli import _near_tie_verdict
+    from hf_spec.commands.generate import near_tie_verdict as _near_tie_verdict
 
     assert "not a near-tie" in _near_tie_verdict(0.2, model, torch.float32)
     assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 from hf_spec.demo import render_tokens
 from hf_spec.events import StepEvent
@@ -33,22 +32,26 @@ def test_render_marks_each_kind_of_token():
     assert '<span class="hfspec-bonus">&lt;8&gt;</span>' in html  # the whole draft accepted: a bonus token
 
 
-def test_medusa_requests_share_one_lm_head_hook():
-    """A drafter per request would leave one more hook on the target's lm_head each time."""
+def test_demo_drafters_are_built_once_and_checked_per_request():
+    """One drafter per page label for the app's life (a call never changes it, so requests can share it);
+    a k above what the drafter can propose, or a drafter not loaded, is a message before any work."""
+    import threading
+
     import hf_spec
-    from hf_spec.demo import DemoModels
+    from hf_spec.demo import DemoModels, stream
 
     from .conftest import tiny_llama
 
     target = tiny_llama(seed=3)
     heads = hf_spec.MedusaHeads(hf_spec.MedusaConfig(3, 1, target.config.hidden_size, target.config.vocab_size,
                                                      "shared-lm-head")).bind(target)
-    models = DemoModels(target, None, medusa=heads)
-    first, second = models.drafter("medusa", 2), models.drafter("medusa", "auto")
-    assert first is second and second.num_speculative_tokens == 3
-    for _ in range(2):  # two requests: the loop prepares the drafter each time
-        first.prepare(target, torch.tensor([[1, 2]]), target.generation_config)
-    assert len(target.get_output_embeddings()._forward_pre_hooks) == 1
+    models = DemoModels(target, None, {"medusa": hf_spec.MedusaDrafter(heads), "n-gram": hf_spec.NgramDrafter()})
+    assert models.drafter("medusa") is models.drafter("medusa") and models.drafter("none") is None
+    with pytest.raises(ValueError, match="at most 3 tokens"):
+        next(stream(models, "hi", "medusa", 5, 0.0, 1.0, 8, False, threading.Event()))
+    with pytest.raises(ValueError, match="--draft NAME"):
+        next(stream(models, "hi", "draft model", 2, 0.0, 1.0, 8, False, threading.Event()))
+    assert models.drafter("medusa").num_speculative_tokens == 3
 
 
 def _port() -> int:

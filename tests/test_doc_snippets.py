@@ -3,8 +3,8 @@
 Python blocks run in order in one namespace per file; bash blocks' ``hf-spec`` commands run through the CLI.
 Both with small settings so that CI stays short: the Qwen2.5-Coder models become SmolLM2-135M, generation
 lengths 8 tokens, a benchmark 1 prompt of 2 categories, a metrics port any free one. ``bash scripts/setup.sh``
-and the pytest command are what ``.ci/run`` itself runs; ``source .venv/bin/activate`` changes no state a
-test could check.
+and the pytest commands are what ``.ci/run`` itself runs (the fast lane is a subset of it);
+``source .venv/bin/activate`` changes no state a test could check.
 """
 
 import re
@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["README.md", "docs/user-guide.md"]
 RUN_BY_CI = {"bash scripts/setup.sh", ".venv/bin/python -m pytest -q tests", "source .venv/bin/activate",
-             "EXTRAS=test,bench bash scripts/setup.sh"}
+             "EXTRAS=test,bench bash scripts/setup.sh",
+             '.venv/bin/python -m pytest -q -m "not slow" tests'}  # the fast lane: a subset of what CI runs
 
 pytestmark = pytest.mark.slow
 

@@ -141,17 +141,16 @@ def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position():
     target = tiny_llama()
     target.generation_config.eos_token_id = None
     heads = random_heads(n=3).bind(target)
-    drafter = MedusaDrafter(heads, 3)
+    seqs = []
+
+    class Recording(MedusaDrafter):
+        def draft(self, sequences, k):
+            seqs.append([s.clone() for s in sequences])
+            return super().draft(sequences, k)
+
+    drafter = Recording(heads, 3)
     rec = Recorder(heads)
     drafter.heads = rec
-    seqs = []
-    orig = drafter.draft
-
-    def draft(sequences, k):
-        seqs.append([s.clone() for s in sequences])
-        return orig(sequences, k)
-
-    drafter.draft = draft
     prompts = [[0, 5, 7, 9, 3], [0, 4], [0, 8, 8, 2, 6, 11, 3]]
     width = max(map(len, prompts))
     ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])

@@ -66,10 +66,19 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     assert models.cache_dir() == Path.home() / ".cache" / "hf_spec"
 
 
-def test_resolve_dtype():
+def test_dtype_policy():
     import torch
 
-    assert models.resolve_dtype("float32") is torch.float32
-    assert models.resolve_dtype("auto") in (torch.float32, torch.bfloat16, torch.float16)
+    from hf_spec import device
+
+    assert device.resolve_dtype("float32") is torch.float32
+    assert device.resolve_dtype("auto") in (torch.float32, torch.bfloat16, torch.float16)
+    assert device.resolve_dtype("auto") == (torch.bfloat16 if device.cpu_has_native_bf16() else torch.float32) \
+        or torch.cuda.is_available()
     with pytest.raises(ValueError, match="unknown dtype"):
-        models.resolve_dtype("int3")
+        device.resolve_dtype("int3")
+    # a draft model: half the bytes beside any target, float16 beside a float16 one, or what is asked
+    assert device.draft_dtype(torch.float32) is torch.bfloat16 and device.draft_dtype(torch.float16) is torch.float16
+    assert device.draft_dtype(torch.float32, "float32") is torch.float32
+    assert set(device.cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert {"cpu_flags", "machine", "commit", "torch", "transformers"} <= set(device.machine_info())

@@ -2,7 +2,6 @@
 (HF_SPEC_NOTEBOOK_SMALL=1: SmolLM2-135M, short outputs) so that CI stays short; the notebooks' own asserts
 (identical outputs, statistics identities) run with them."""
 
-import os
 from pathlib import Path
 
 import nbformat

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.models import bitsandbytes_bf16_layers, bitsandbytes_config, honor_bitsandbytes_compute_dtype
+from hf_spec.quantization import bitsandbytes_bf16_layers, bitsandbytes_config, honor_bitsandbytes_compute_dtype
 
 from .conftest import BF16_TIE_BOUND, TIE_BOUND, check_greedy_identical, encode, tiny_llama, verify_vs_decode
 

@@ -6,7 +6,6 @@ differs from plain greedy, the first divergence must be a numerical near-tie (to
 TIE_BOUND in float32), never a logic error. The number of such cases is printed (run with -s)."""
 
 import pytest
-import torch
 
 import hf_spec
 

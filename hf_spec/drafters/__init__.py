@@ -1,8 +1,10 @@
-"""Drafters: one file each, all ``transformers`` ``CandidateGenerator`` subclasses."""
+"""Drafters: one file each (a :class:`~hf_spec.drafters.base.Drafter` subclass), one registry of specs."""
 
-from .base import Drafter
+from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, VerifyOutput
 from .draft_model import DraftModelDrafter, VocabularyMismatchError
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
+from .registry import make_drafter, parse_drafter, register_drafter
 
-__all__ = ["Drafter", "DraftModelDrafter", "MedusaDrafter", "NgramDrafter", "VocabularyMismatchError"]
+__all__ = ["Drafter", "VerifyOutput", "DraftModelDrafter", "MedusaDrafter", "NgramDrafter", "VocabularyMismatchError",
+           "DEFAULT_NUM_SPECULATIVE_TOKENS", "make_drafter", "parse_drafter", "register_drafter"]

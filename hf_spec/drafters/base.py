@@ -1,19 +1,44 @@
-"""The drafter interface: a ``transformers`` ``CandidateGenerator`` that proposes up to k tokens.
+"""The drafter interface: propose up to k tokens per row, and hear what the target computed after every forward.
 
-The decoding loop (:mod:`hf_spec.loop`) uses only the ``CandidateGenerator`` contract
-(``get_candidates`` / ``update_candidate_strategy``) plus :meth:`Drafter.prepare`, which binds a drafter
-to one generate call. A drafter knows nothing about verification.
+The loop (:mod:`hf_spec.loop`) drives a drafter through four methods, and owns everything else (k, the
+budget near ``max_length``, verification, caches of the target)::
+
+    session = drafter.start(target, input_ids, generation_config, logits_processor)  # a per-call copy
+    session.update(VerifyOutput(...))                  # after the prefill forward
+    while rows are running:
+        session.select_rows(index)                     # when rows finished (they leave the batch)
+        tokens, num_drafted, scores = session.draft(rows, k)   # skipped on a plain step (k = 0)
+        ... one target forward over [last token, drafts] per row, the acceptance rule ...
+        session.update(VerifyOutput(...))              # after every forward, plain or speculative
+
+:meth:`Drafter.start` returns a shallow copy of the drafter bound to one call: what :meth:`Drafter.prepare`
+sets lives on the copy, so the caller's object is never changed by a call and one drafter can serve several
+calls at once (threads); what ``__init__`` made (a draft model, Medusa heads, a corpus) is shared by every call.
+
+hf-spec's drafters are not ``transformers`` ``CandidateGenerator`` s: transformers has no public way to hand a
+candidate generator to ``generate`` (it builds its own from ``assistant_model`` / ``prompt_lookup_num_tokens``),
+and its contract (one row, the generator choosing its own length, no target hidden states) cannot express
+what the loop needs: ragged batches, per-row draft lengths, k chosen by the loop, and the target's hidden
+states after every forward. They plug into ``model.generate`` through ``custom_generate=hf_spec.generate``
+or ``assistant_model=`` after :func:`hf_spec.enable_drafters`.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
-from transformers.generation import CandidateGenerator
 
 from ..processors import process_scores
 
-__all__ = ["Drafter", "check_num_speculative_tokens"]
+__all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens"]
+
+#: k when neither the call nor the drafter says otherwise (a Medusa checkpoint defaults to its head count).
+#: 3 was the best fixed k of the draft model and of n-gram lookup on Spec-Bench on this project's CPUs
+#: (docs/benchmarks.md); with ``"auto"`` it is the drafter's k that the controller measures after k = 1.
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
 
 def check_num_speculative_tokens(k) -> int:
@@ -24,69 +49,137 @@ def check_num_speculative_tokens(k) -> int:
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(
-            f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (5 is a good "
+            f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (3 is a good "
             "start), \"auto\" to let hf-spec choose per step, or drafter=None to decode without speculation"
         )
     return k
 
 
-class Drafter(CandidateGenerator):
+@dataclass
+class VerifyOutput:
+    """What one target forward computed, told to the drafter right after it (the prefill included).
+
+    Attributes:
+        step: 0 for the prefill, then 1, 2, ... (as :class:`~hf_spec.events.StepEvent`).
+        num_drafted: ``LongTensor[B]``, drafted tokens verified per row (0 at the prefill and on plain steps).
+        num_accepted: ``LongTensor[B]``, drafted tokens accepted per row (``0..num_drafted``); each row then got
+            one token of the target's own (correction or bonus) unless a stop ended it inside the accepted run.
+        hidden_states: ``Tensor[B, n, H]``, the target's last hidden states (after its final norm: what its
+            ``lm_head`` reads) at the n positions scored in this forward, or ``None`` unless the drafter sets
+            :attr:`Drafter.needs_hidden_states`. Column j scored the token after the row's j-th block token: at a
+            step the block is ``[last token, drafted tokens]`` (n = k + 1), at the prefill n = 1 (the prompt's
+            last position). Column ``num_accepted[b]`` is therefore the position that predicted row b's newest
+            token, the one a Medusa head continues from.
+    """
+
+    step: int
+    num_drafted: torch.LongTensor
+    num_accepted: torch.LongTensor
+    hidden_states: torch.Tensor | None = None
+
+    def last_hidden_state(self) -> torch.Tensor:
+        """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column
+        ``num_accepted[b]`` of :attr:`hidden_states`).
+
+        Raises:
+            RuntimeError: no hidden states (the drafter did not set ``needs_hidden_states``).
+        """
+        if self.hidden_states is None:
+            raise RuntimeError("no hidden states: set needs_hidden_states = True on the drafter class")
+        index = self.num_accepted.to(self.hidden_states.device)
+        return self.hidden_states[torch.arange(len(index), device=index.device), index]
+
+
+class Drafter:
     """Base class of hf-spec's drafters.
 
     Args:
-        num_speculative_tokens: k, the most tokens proposed per step (>= 1). The loop may lower it for a
-            step (near ``max_new_tokens``) or change it between steps (adaptive k) by setting the attribute.
+        num_speculative_tokens: this drafter's k (>= 1): used when a call gives none, and the k that
+            ``"auto"`` measures after k = 1. Default :data:`DEFAULT_NUM_SPECULATIVE_TOKENS`. A call never
+            changes it: the loop passes each step's k to :meth:`draft`.
 
     Raises:
         ValueError: ``num_speculative_tokens`` < 1.
 
-    Subclasses implement :meth:`draft` (a batch of rows of different lengths) and, when they keep per-row
-    state, :meth:`select_rows`; ``get_candidates`` wraps :meth:`draft` in the ``CandidateGenerator``
-    contract for one row.
+    Subclasses implement :meth:`draft` and, as they need them, :meth:`prepare` (per-call state),
+    :meth:`update` (what the target computed), :meth:`select_rows` (per-row state when rows leave the batch),
+    and for the drafter registry :meth:`from_spec` / :meth:`check_spec`. ``docs/architecture.md``, "Writing a
+    drafter", shows a whole one.
     """
 
     #: short name used in statistics and metric labels
     method: str = "drafter"
     #: True when the drafter samples its tokens and returns the distributions (scores) it sampled from
     returns_scores: bool = False
-    #: the most tokens the drafter can propose per step (``None``: no limit); bounds adaptive k
+    #: True to get the target's last hidden states in :meth:`update` (Medusa, EAGLE-style heads): the loop
+    #: then asks the target for them (``output_hidden_states``), which costs memory at the prefill
+    needs_hidden_states: bool = False
+    #: the most tokens the drafter can propose per step (``None``: no limit); bounds k and adaptive k
     max_num_speculative_tokens: int | None = None
+    #: what follows ``name:`` in a drafter spec (e.g. ``"MODEL"`` in ``draft:MODEL``); ``None``: no argument
+    spec_argument: str | None = None
 
-    def __init__(self, num_speculative_tokens: int = 5):
-        self.num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)
+    def __init__(self, num_speculative_tokens: int | None = None):
+        k = DEFAULT_NUM_SPECULATIVE_TOKENS if num_speculative_tokens is None else num_speculative_tokens
+        self.num_speculative_tokens = check_num_speculative_tokens(k)
         self.generation_config: GenerationConfig | None = None
         self.logits_processor = LogitsProcessorList()
-        self.max_length: int | None = None
+
+    # ---- the registry ---------------------------------------------------------------------------
+    @classmethod
+    def check_spec(cls, argument: str | None) -> None:
+        """Check a drafter spec's argument before any model loads (e.g. that a folder exists).
+
+        Raises:
+            ValueError: a bad argument, with what to give instead.
+        """
+        if cls.spec_argument is None and argument is not None:
+            raise ValueError(f"takes no argument after the name, got {argument!r}")
+        if cls.spec_argument is not None and not argument:
+            raise ValueError(f"needs {cls.spec_argument} after the colon")
+
+    @classmethod
+    def from_spec(cls, argument: str | None, *, num_speculative_tokens: int | None = None, target=None,
+                  tokenizer=None, draft_dtype=None) -> "Drafter":
+        """Build the drafter from its spec's argument (:func:`hf_spec.drafters.registry.make_drafter` calls it).
+
+        Args:
+            argument: what followed ``name:`` in the spec (``None`` when nothing did).
+            num_speculative_tokens: k, or ``None`` for the drafter's default.
+            target: the target model (drafters that read it, e.g. Medusa heads bound to it).
+            tokenizer: the target's tokenizer (drafters that check vocabularies).
+            draft_dtype: ``"auto"`` or a dtype, for drafters that load a model (``hf_spec.device.draft_dtype``).
+        """
+        return cls(num_speculative_tokens)
 
     # ---- binding to one generate call -----------------------------------------------------------
-    def prepare(
-        self,
-        target,
-        input_ids: torch.LongTensor,
-        generation_config: GenerationConfig,
-        logits_processor: LogitsProcessorList | None = None,
-    ) -> None:
-        """Bind to one generate call: check compatibility with ``target`` and reset per-call state.
+    def start(self, target, input_ids: torch.LongTensor, generation_config: GenerationConfig,
+              logits_processor: LogitsProcessorList | None = None) -> "Drafter":
+        """A copy of this drafter bound to one generate call (the loop calls it; the caller's object stays as
+        it is). Shallow: objects made in ``__init__`` are shared; :meth:`prepare` sets the per-call state.
 
         Args:
             target: the target ``PreTrainedModel``.
-            input_ids: ``LongTensor[B, L]``, the prompt.
+            input_ids: ``LongTensor[B, L]``, the prompt (left-padded in a batch).
             generation_config: the call's prepared generation config (``do_sample``, ``max_length``).
             logits_processor: the call's logits processors (temperature, top-k, top-p, penalties, ...).
 
         Raises:
-            ValueError: the drafter cannot serve this target (e.g. vocabulary mismatch).
+            ValueError: the drafter cannot serve this target (from :meth:`prepare`).
         """
-        self.generation_config = generation_config
-        self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
-        self.max_length = generation_config.max_length
+        session = copy.copy(self)
+        session.generation_config = generation_config
+        session.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        session.prepare(target, input_ids)
+        return session
 
-    def budget(self, input_ids: torch.LongTensor) -> int:
-        """How many tokens to draft now: k, capped so that the verified run cannot pass ``max_length``."""
-        k = self.num_speculative_tokens
-        if self.max_length is not None:
-            k = min(k, self.max_length - input_ids.shape[1] - 1)
-        return max(k, 0)
+    def prepare(self, target, input_ids: torch.LongTensor) -> None:
+        """Check compatibility with ``target`` and set per-call state (on the copy :meth:`start` made;
+        ``self.generation_config`` and ``self.logits_processor`` are set already).
+
+        Raises:
+            ValueError: the drafter cannot serve this target (e.g. a vocabulary mismatch).
+        """
 
     # ---- what the loop calls --------------------------------------------------------------------
     def draft(
@@ -97,7 +190,7 @@ class Drafter(CandidateGenerator):
         Args:
             sequences: B ``LongTensor[L_b]``, each row's tokens so far (prompt without padding, then the
                 generated tokens); rows may differ in length.
-            k: the most tokens to propose per row (>= 1).
+            k: the most tokens to propose per row (>= 1), chosen by the loop for this step.
 
         Returns:
             ``(tokens, num_drafted, scores)``: ``LongTensor[B, k']`` (``k' <= k``; row b's columns from
@@ -106,6 +199,15 @@ class Drafter(CandidateGenerator):
         """
         raise NotImplementedError
 
+    def update(self, verified: VerifyOutput) -> None:
+        """Hear what the target's forward just computed (after the prefill and after every step, plain ones
+        included), for the rows of the current batch. The default ignores it."""
+
+    def select_rows(self, rows: torch.LongTensor) -> None:
+        """Keep only these batch rows (``LongTensor[B']``, indices into the current batch): the loop dropped
+        finished ones."""
+
+    # ---- helpers for subclasses -----------------------------------------------------------------
     def choose(self, sequences: list[torch.LongTensor], logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
         """Pick each row's drafted token the way the target picks its own: the call's logits processors on
         ``logits [B, V]`` (row b's prefix is ``sequences[b]``), then argmax (greedy) or a sample.
@@ -117,22 +219,3 @@ class Drafter(CandidateGenerator):
         if self.generation_config is not None and self.generation_config.do_sample:
             return torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1), processed
         return processed.argmax(dim=-1), processed
-
-    def select_rows(self, rows: torch.LongTensor) -> None:
-        """Keep only these batch rows (indices into the current batch): the loop dropped finished ones."""
-
-    # ---- the transformers CandidateGenerator contract (batch size 1) ---------------------------
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """``(candidate_ids LongTensor[1, L + k'], candidate_scores Tensor[1, k', V] or None)``."""
-        k = self.budget(input_ids)
-        if k == 0:
-            return input_ids, None
-        tokens, num_drafted, scores = self.draft(list(input_ids), k)
-        width = int(num_drafted.min())
-        if width == 0:
-            return input_ids, None
-        scores = scores[:, :width] if scores is not None else None
-        return torch.cat([input_ids, tokens[:, :width].to(input_ids.device)], dim=1), scores
-
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches) -> None:
-        """Called by transformers' assisted loop after each verification (hf-spec's loop does not)."""

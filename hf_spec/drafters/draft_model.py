@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import install_upcast_prefill
-from ..models import cpu_has_native_bf16
+from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
 from .base import Drafter
 
@@ -32,7 +32,8 @@ class DraftModelDrafter(Drafter):
 
     Args:
         draft_model: a ``transformers`` causal LM (``PreTrainedModel``) with the target's vocabulary.
-        num_speculative_tokens: k, tokens drafted per step (>= 1).
+        num_speculative_tokens: k, tokens drafted per step (>= 1; default
+            :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`).
         tokenizer: optional, the target's tokenizer; when it and ``draft_tokenizer`` are both given their
             vocabularies (token -> id maps) must be identical, a stricter check than equal vocabulary sizes.
         draft_tokenizer: optional, the draft's tokenizer (see ``tokenizer``).
@@ -44,8 +45,9 @@ class DraftModelDrafter(Drafter):
 
     method = "draft"
     returns_scores = True
+    spec_argument = "MODEL"
 
-    def __init__(self, draft_model, num_speculative_tokens: int = 5, tokenizer=None, draft_tokenizer=None):
+    def __init__(self, draft_model, num_speculative_tokens: int | None = None, tokenizer=None, draft_tokenizer=None):
         super().__init__(num_speculative_tokens)
         self.draft_model = draft_model
         self.config = draft_model.config
@@ -58,8 +60,21 @@ class DraftModelDrafter(Drafter):
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
 
-    def prepare(self, target, input_ids, generation_config, logits_processor=None) -> None:
-        super().prepare(target, input_ids, generation_config, logits_processor)
+    @classmethod
+    def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
+        """``draft:MODEL``: load MODEL (an offline short name, a folder or a hub name) with
+        :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``), on
+        the target's device; with ``tokenizer``, its vocabulary must equal the draft's."""
+        from ..models import load
+
+        dtype = _draft_dtype(getattr(target, "dtype", None), draft_dtype)
+        model, draft_tokenizer = load(argument, dtype=dtype)
+        device = getattr(target, "device", None)
+        if device is not None and device.type not in ("cpu", "meta"):
+            model.to(device)
+        return cls(model, num_speculative_tokens, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
+
+    def prepare(self, target, input_ids) -> None:
         if self.device.type == "meta" or any(p.device.type == "meta" for p in self.draft_model.parameters()):
             raise ValueError(
                 "the draft model is partly offloaded (device meta): it runs k forwards per step, so reading weights "
@@ -91,7 +106,7 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def draft(self, sequences, k):
         if self.generation_config is None:
-            raise RuntimeError("DraftModelDrafter.prepare() must be called before drafting (the loop does it)")
+            raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
         if self._ragged is None or len(self._cached) != len(seqs):
             self._ragged = RaggedCache(self.draft_model.config, len(seqs), self.device)

@@ -8,9 +8,12 @@ the same acceptance rule as every drafter, so greedy output is token-identical t
 sampling is distribution-exact: under sampling each head's token is drawn from the head's logits after the
 call's logits processors, and that distribution is q in speculative sampling.
 
-The hidden states are read with a forward pre-hook on the target's ``lm_head`` (its input is the last
-hidden state after the final norm, for the positions whose logits are computed). Medusa's "typical
-acceptance" (accepting tokens the target finds merely plausible) is lossy and is not offered.
+The drafter asks the loop for the target's hidden states (``needs_hidden_states``): after every target
+forward, plain or speculative, the loop hands it the last hidden states (after the final norm, what
+``lm_head`` reads) of the positions it scored, and the drafter keeps, per row, the one that predicted the
+row's newest token (:meth:`~hf_spec.drafters.base.VerifyOutput.last_hidden_state`). Nothing is hooked into
+the target, so any number of calls and threads can share it. Medusa's "typical acceptance" (accepting
+tokens the target finds merely plausible) is lossy and is not offered.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import torch
 
 from ..medusa.heads import MedusaHeads
-from .base import Drafter, check_num_speculative_tokens
+from .base import Drafter, VerifyOutput, check_num_speculative_tokens
 
 __all__ = ["MedusaDrafter"]
 
@@ -30,17 +33,19 @@ class MedusaDrafter(Drafter):
 
     Args:
         heads: :class:`~hf_spec.medusa.heads.MedusaHeads`, or the path of a heads folder (FasterDecoding
-            format, see :mod:`hf_spec.medusa.heads`).
+            format, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads.
         num_speculative_tokens: k, tokens drafted per step; at most the number of heads (default: all heads).
 
     Raises:
         ValueError: k < 1 or k > the number of heads.
-        MedusaCheckpointError: (here or from :meth:`prepare`) unreadable heads, or heads whose hidden size
-            or vocabulary differ from the target's.
+        MedusaCheckpointError: (here or from ``start``) unreadable heads, or heads whose hidden size or
+            vocabulary differ from the target's.
     """
 
     method = "medusa"
     returns_scores = True
+    needs_hidden_states = True
+    spec_argument = "DIR"
 
     def __init__(self, heads: MedusaHeads | str | os.PathLike, num_speculative_tokens: int | None = None):
         if not isinstance(heads, MedusaHeads):
@@ -48,11 +53,7 @@ class MedusaDrafter(Drafter):
         self.heads = heads
         super().__init__(heads.num_heads if num_speculative_tokens is None else num_speculative_tokens)
         self._check_k(self.num_speculative_tokens)
-        self._target = None
-        self._hook = None
-        self._capture = True
-        self._hidden: torch.Tensor | None = None  # [B, W, H]: the lm_head input of the target's last forward
-        self._fed_end: list[int] | None = None  # per row: sequence length covered by that forward
+        self._last: torch.Tensor | None = None  # [B, H]: per row, the hidden state that predicted its newest token
 
     @property
     def max_num_speculative_tokens(self) -> int:
@@ -64,59 +65,44 @@ class MedusaDrafter(Drafter):
         if k > self.heads.num_heads:
             raise ValueError(
                 f"num_speculative_tokens={k} but the Medusa checkpoint has {self.heads.num_heads} heads; "
-                f"use k <= {self.heads.num_heads} or train more heads (hf-spec train-medusa --heads N)")
+                f"use k <= {self.heads.num_heads} (or leave k unset: all heads) or train more heads "
+                "(hf-spec train-medusa --heads N)")
 
-    def prepare(self, target, input_ids, generation_config, logits_processor=None) -> None:
-        super().prepare(target, input_ids, generation_config, logits_processor)
-        self._check_k(self.num_speculative_tokens)
-        if target is not self._target:
-            self.heads.bind(target)  # raises MedusaCheckpointError on a size mismatch
-            if self._hook is not None:
-                self._hook.remove()
-            self._hook = target.get_output_embeddings().register_forward_pre_hook(self._on_lm_head)
-            self._target = target
-            device = target.get_output_embeddings().weight.device
-            if next(self.heads.parameters()).device != device:
-                self.heads.to(device)
-        self._hidden, self._fed_end = None, None
+    @classmethod
+    def check_spec(cls, argument) -> None:
+        """``medusa:DIR``: DIR must be a heads folder or the name of shipped or cached heads."""
+        super().check_spec(argument)
+        from ..medusa.heads import heads_path
 
-    def _on_lm_head(self, module, args) -> None:
-        if self._capture:
-            self._hidden = args[0].detach()
+        heads_path(argument)  # MedusaCheckpointError (a ValueError) names what is missing
+
+    @classmethod
+    def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
+        """``medusa:DIR``: the heads in DIR (or shipped / cached under that name), checked against and bound
+        to ``target``; k defaults to the number of heads."""
+        return cls(MedusaHeads.from_pretrained(argument, target=target), num_speculative_tokens)
+
+    def prepare(self, target, input_ids) -> None:
+        self.heads.bind(target)  # raises MedusaCheckpointError on a size mismatch
+        device = target.get_output_embeddings().weight.device
+        if next(self.heads.parameters()).device != device:
+            self.heads.to(device)
+        self._last = None
+
+    def update(self, verified: VerifyOutput) -> None:
+        self._last = verified.last_hidden_state()
 
     def select_rows(self, rows):
-        if self._hidden is not None:
-            self._hidden = self._hidden[rows.to(self._hidden.device)]
-        if self._fed_end is not None:
-            self._fed_end = [self._fed_end[int(r)] for r in rows]
+        if self._last is not None:
+            self._last = self._last[rows.to(self._last.device)]
 
     @torch.no_grad()
     def draft(self, sequences, k):
-        if self.generation_config is None:
-            raise RuntimeError("MedusaDrafter.prepare() must be called before drafting (the loop does it)")
+        if self._last is None or self._last.shape[0] != len(sequences):
+            raise RuntimeError("MedusaDrafter.draft() before the target's first forward: the loop calls start() "
+                               "and update() first")
         self._check_k(k)
-        lengths = [len(s) for s in sequences]
-        bsz = len(sequences)
-        if self._hidden is None or self._hidden.shape[0] != bsz:
-            # no target forward seen yet for these rows: nothing to draft from this step
-            self._fed_end = lengths
-            return torch.zeros(bsz, 0, dtype=torch.long), torch.zeros(bsz, dtype=torch.long), None
-        width = self._hidden.shape[1]
-        # the hidden state that predicted each row's last token sits at position len - 2; the last forward
-        # covered positions up to fed_end - 1 (its last `width` positions); without a record (the first
-        # step after prefill) the last captured column is the one
-        ends = self._fed_end if self._fed_end is not None else [n - 1 for n in lengths]
-        cols = [width - 1 - (end - 1 - (n - 2)) for end, n in zip(ends, lengths)]
-        if min(cols) < 0 or max(cols) >= width:
-            raise RuntimeError(f"Medusa drafter lost track of the target's hidden states (columns {cols} of {width})")
-        index = torch.tensor(cols, device=self._hidden.device)
-        last = self._hidden[torch.arange(bsz, device=index.device), index]  # [B, H]
-        self._capture = False  # the shared lm_head must not record the heads' own projections
-        try:
-            logits = self.heads(last, num_heads=k).float()  # [B, k, V]
-        finally:
-            self._capture = True
-        do_sample = bool(self.generation_config.do_sample)
+        logits = self.heads(self._last, num_heads=k).float()  # [B, k, V]
         seqs = [s.to(logits.device) for s in sequences]
         tokens, scores = [], []
         for i in range(k):
@@ -125,15 +111,6 @@ class MedusaDrafter(Drafter):
             scores.append(processed)
             if i < k - 1:
                 seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
-        out = torch.stack(tokens, dim=1)
-        # the loop verifies [last token, k drafts]: that forward covers the sequence up to len + k
-        self._fed_end = [n + k for n in lengths]
-        num_drafted = torch.full((bsz,), k, dtype=torch.long)
-        return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
-
-    def close(self) -> None:
-        """Remove the hook from the target's ``lm_head``."""
-        if self._hook is not None:
-            self._hook.remove()
-        self._hook, self._target, self._hidden = None, None, None
-
+        num_drafted = torch.full((len(seqs),), k, dtype=torch.long)
+        do_sample = bool(self.generation_config.do_sample)
+        return torch.stack(tokens, dim=1), num_drafted, (torch.stack(scores, dim=1) if do_sample else None)

@@ -20,7 +20,8 @@ class NgramDrafter(Drafter):
     sequence and propose the up to k tokens that followed it. Deterministic (one-hot q).
 
     Args:
-        num_speculative_tokens: k, the most tokens proposed per step (>= 1).
+        num_speculative_tokens: k, the most tokens proposed per step (>= 1; default
+            :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`).
         max_ngram: longest suffix tried (>= min_ngram).
         min_ngram: shortest suffix tried (>= 1).
 
@@ -30,7 +31,7 @@ class NgramDrafter(Drafter):
 
     method = "ngram"
 
-    def __init__(self, num_speculative_tokens: int = 5, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, num_speculative_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1):
         super().__init__(num_speculative_tokens)
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")

@@ -1,0 +1,240 @@
+"""Reporting the benchmark: aggregation per method and category, the speedup model's check, markdown tables,
+``results.json`` (written all or nothing, and read back to combine runs) and the plots (:mod:`.plots`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from ..metrics import SpecStats
+from .runner import Method, parse_methods
+
+__all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "write_report",
+           "load_results", "decode_time_per_token"]
+
+KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
+        "mean_accepted_length", "acceptance_by_position", "identical_fraction")
+
+
+def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
+    base = [p["runs"]["baseline"] for p in prompts]
+    mine = [p["runs"][name] for p in prompts]
+    ratios = [m["tokens_per_s"] / b["tokens_per_s"] for m, b in zip(mine, base)]
+    tok, sec = sum(m["new_tokens"] for m in mine), sum(m["total_s"] for m in mine)
+    btok, bsec = sum(b["new_tokens"] for b in base), sum(b["total_s"] for b in base)
+    out = {
+        "speedup_median": statistics.median(ratios),
+        "speedup_total": (tok / sec) / (btok / bsec),
+        "tokens_per_s": tok / sec,
+        "ttft_s": statistics.median(m["ttft_s"] for m in mine),
+        "tpot_s": statistics.median(m["tpot_s"] for m in mine),
+        "total_s": sec,
+        "acceptance_rate": None,
+        "mean_accepted_length": None,
+        "acceptance_by_position": [],
+        "identical_fraction": (sum(_identical(m, b) for m, b in zip(mine, base)) / len(mine) if greedy else None),
+    }
+    stats = [m["stats"] for m in mine if "stats" in m]
+    if stats:
+        total = SpecStats()
+        for s in stats:
+            total.merge(s)
+        out.update(acceptance_rate=total.acceptance_rate, mean_accepted_length=_tokens_per_forward(total),
+                   acceptance_by_position=total.acceptance_by_position)
+        if total.policy_events:  # k=auto: what the controller did
+            out.update(k_mean=statistics.fmean(total.k_per_step) if total.k_per_step else None,
+                       speculation_off_fraction=total.k_per_step.count(0) / max(1, len(total.k_per_step)))
+    return out
+
+
+def decode_time_per_token(runs: list[dict]) -> float:
+    """Seconds per output token after the first (TPOT), over several runs' totals (prefill excluded)."""
+    return sum(r["total_s"] - r["ttft_s"] for r in runs) / max(1, sum(r["new_tokens"] - 1 for r in runs))
+
+
+def _identical(run: dict, base: dict) -> bool:
+    """Whether a run's tokens equal the baseline's (from the tokens, or from a results.json's flag)."""
+    if "tokens" in run and "tokens" in base:
+        return run["tokens"] == base["tokens"]
+    return bool(run["identical"])
+
+
+def _tokens_per_forward(stats: SpecStats) -> float:
+    """Tokens per verifying forward, bonus included (hf-spec: prefill excluded; transformers' first forward
+    already verifies a draft, so all of its forwards count)."""
+    return stats.mean_accepted_length if stats.num_sequences else (
+        stats.num_emitted_tokens / stats.num_row_steps if stats.num_row_steps else 0.0)
+
+
+def model_check(prompts: list[dict], name: str, k: int) -> dict | None:
+    """The speedup model against the measurement, with every input measured in this run.
+
+    T_1 is the baseline's decode time per token (TPOT, from its totals over ``prompts``); from the hf-spec
+    method's own step events: the conditional acceptance by position, c = draft seconds per drafted position
+    over T_1, and the verify cost = seconds per verify forward (k + 1 positions, acceptance included) over
+    T_1. The prediction is :func:`~hf_spec.tuning.expected_speedup` of those; the measurement is the TPOT
+    ratio (decode phase, prefill excluded).
+
+    Returns:
+        ``{"predicted", "measured", "error", "cost_ratio", "verify_cost", "conditional_acceptance"}``, or
+        ``None`` for a method without hf-spec step statistics (baseline, transformers' own) or without
+        decode steps.
+    """
+    from ..tuning import conditional_acceptance, expected_speedup
+
+    runs = [p["runs"][name] for p in prompts]
+    if not runs or any("stats" not in r or not hasattr(r["stats"], "draft_time_s") for r in runs) or not k:
+        return None
+    base = [p["runs"]["baseline"] for p in prompts]
+    t1 = decode_time_per_token(base)
+    total = SpecStats()
+    for r in runs:
+        total.merge(r["stats"])
+    steps = total.num_row_steps - total.num_sequences  # decode forwards (batch size 1)
+    if steps <= 0 or t1 <= 0:
+        return None
+    # the prefill's event time is its verify time (step 0 drafts nothing): take it out of verify time
+    verify = (total.verify_time_s - total.ttft_s) / steps / t1
+    c = total.draft_time_s / (steps * k) / t1
+    acceptance = conditional_acceptance(total) or [0.0]
+    predicted = expected_speedup(acceptance, k, c, lambda n: verify)
+    measured = t1 / decode_time_per_token(runs)
+    return {"predicted": predicted, "measured": measured, "error": predicted / measured - 1, "cost_ratio": c,
+            "verify_cost": verify, "conditional_acceptance": acceptance}
+
+
+def summarize(raw: dict, methods: list[Method], greedy: bool) -> dict:
+    """Per method, overall and per category: the ``KEYS`` values (baseline included, speedup 1.0), and for
+    hf-spec's methods at a fixed k the speedup model's check (:func:`model_check`) under ``"model"``."""
+    prompts = raw["prompts"]
+    cats = list(dict.fromkeys(p["category"] for p in prompts))
+    out = {}
+    for m in methods:
+        entry = _aggregate(prompts, m.name, greedy)
+        entry["k"] = m.k
+        if m.kind == "hf-spec" and isinstance(m.k, int):
+            entry["model"] = model_check(prompts, m.name, m.k)
+        entry["per_category"] = {c: _aggregate([p for p in prompts if p["category"] == c], m.name, greedy) for c in cats}
+        out[m.name] = entry
+    return out
+
+
+def speedup_vs_k(summary: dict, methods: list[Method]) -> dict:
+    """Per method family (``draft:NAME``, ``ngram``...), one point per fixed k: the measured decode-phase
+    speedup (baseline TPOT over the method's) beside the speedup model's prediction from the run's own
+    acceptance, cost ratio and verify cost (:func:`model_check`; ``None`` for transformers' methods)."""
+    out: dict[str, list] = {}
+    for m in methods:
+        if m.kind == "baseline" or not isinstance(m.k, int):  # k=auto has no single k to put on the axis
+            continue
+        check = summary[m.name].get("model")
+        point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],
+                 "measured_total": summary[m.name]["speedup_total"], "predicted": None}
+        if check:
+            point.update(predicted=check["predicted"], cost_ratio=check["cost_ratio"], verify_cost=check["verify_cost"])
+        out.setdefault(m.name.split("@", 1)[0], []).append(point)
+    return out
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown_table(summary: dict) -> str:
+    """One row per method: ``| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |``."""
+    lines = ["| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        lines.append(
+            f"| {name} | {m['ttft_s']:.2f} s | {m['tpot_s'] * 1000:.0f} ms | {m['total_s']:.1f} s | "
+            f"{m['tokens_per_s']:.2f} | {m['speedup_median']:.2f}x (total {m['speedup_total']:.2f}x) | "
+            f"{_fmt(m['acceptance_rate'], '.1%')} | {_fmt(m['mean_accepted_length'], '.2f')} | "
+            f"{_fmt(m['identical_fraction'], '.0%')} |")
+    return "\n".join(lines)
+
+
+def model_table(summary: dict) -> str:
+    """The speedup model's check per hf-spec method: inputs measured in the run, prediction, measurement."""
+    lines = ["| method | conditional acceptance by position | c | T_verify(k+1)/T_1 | predicted | measured (TPOT ratio) | error |",
+             "|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        chk = m.get("model")
+        if chk:
+            lines.append(f"| {name} | {' '.join(f'{a:.2f}' for a in chk['conditional_acceptance'])} | {chk['cost_ratio']:.3f} | "
+                         f"{chk['verify_cost']:.2f} | {chk['predicted']:.2f}x | {chk['measured']:.2f}x | {chk['error']:+.1%} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, prediction: dict | None = None) -> Path:
+    """Write ``results.json``, ``results.md`` and the PNG plots into ``out_dir`` (all or nothing: files are
+    written to a temporary folder beside it and moved in at the end)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir.parent))
+    try:
+        per_prompt = [{k: v for k, v in p.items() if k != "runs"} | {
+            "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")}
+                     | {"identical": _identical(r, p["runs"]["baseline"])}
+                     | ({"stats": {k: v for k, v in r["stats"].to_dict().items() if k != "per_row"}} if "stats" in r else {})
+                     for n, r in p["runs"].items()}}
+            for p in raw["prompts"]]
+        result = {"config": config, "methods": summary, "prompts": per_prompt}
+        if prediction:
+            result["speedup_vs_k"] = prediction
+        (tmp / "results.json").write_text(json.dumps(result, indent=2))
+        md = [f"# hf-spec bench: {config['target']}", "",
+              f"{config['date']}, commit {config['commit']}, {config['machine']}"
+              f"{' (' + ', '.join(config['cpu_flags']) + ')' if config.get('cpu_flags') else ''}, "
+              f"{config['threads']} threads; "
+              f"{config['num_prompts']} prompts, {config['max_new_tokens']} new tokens, "
+              f"temperature {config['temperature']}, dtype {config['dtype']}, draft dtype {config['draft_dtype']}.",
+              "", markdown_table(summary), ""]
+        if model_table(summary):
+            md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",
+                   "", model_table(summary), ""]
+        (tmp / "results.md").write_text("\n".join(md))
+        from .plots import plots
+
+        plots(summary, tmp, prediction)
+        out_dir.mkdir(exist_ok=True)
+        for f in tmp.iterdir():
+            f.replace(out_dir / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def load_results(path: str | Path) -> tuple[dict, dict, list[Method]]:
+    """Read a ``results.json`` back into ``(config, raw, methods)`` for :func:`summarize` and
+    :func:`write_report` (e.g. to combine runs: ``scripts/combine_bench.py``).
+
+    Per-prompt statistics become :class:`~hf_spec.metrics.SpecStats` again; token ids are not stored, so each
+    run carries its ``identical`` flag (files written before the flag existed: taken from the method's
+    ``identical_fraction`` when that is 0 or 1).
+
+    Raises:
+        ValueError: a file without per-prompt data, or whose identity per prompt cannot be told.
+    """
+    from dataclasses import fields
+
+    result = json.loads(Path(path).read_text())
+    if "prompts" not in result:
+        raise ValueError(f"{path} has no per-prompt data (written by an older hf-spec)")
+    config = result["config"]
+    methods = parse_methods(config["methods"], config["ks"])
+    names = {f.name for f in fields(SpecStats)} - {"per_row"}
+    for p in result["prompts"]:
+        for name, run in p["runs"].items():
+            if "stats" in run:
+                run["stats"] = SpecStats(**{k: v for k, v in run["stats"].items() if k in names})
+            if "identical" not in run:
+                fraction = result["methods"][name]["identical_fraction"]
+                if fraction not in (0.0, 1.0):
+                    raise ValueError(f"{path}: cannot tell which prompts of {name} were identical ({fraction:.0%})")
+                run["identical"] = fraction == 1.0
+    return config, {"prompts": result["prompts"]}, methods
+
+

@@ -1,0 +1,297 @@
+"""Running the benchmark: methods interleaved prompt by prompt, timed the same way, with a resume journal.
+
+Every method is timed the same way: wall time of the ``generate`` call, and a streamer's time stamps for the
+first token (TTFT) and for each target forward's tokens. hf-spec's acceptance comes from its statistics;
+transformers' from its candidate generators' draft lengths (recorded by wrapping ``get_candidates``, which
+changes nothing) and the streamer's per-forward token counts, fed through the same
+:class:`~hf_spec.metrics.SpecStats`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.generation import candidate_generator as hf_candidates
+from transformers.generation.streamers import BaseStreamer
+
+from ..device import draft_dtype as _draft_dtype
+from ..drafters.registry import DRAFTERS, drafter_specs, make_drafter, parse_drafter
+from ..events import StepEvent
+from ..loop import generate as spec_generate
+from ..metrics import SpecStats
+from ..prompts import Question, chat_inputs
+
+__all__ = ["Method", "parse_methods", "run_bench", "PEERS"]
+
+#: transformers' own speculative methods, run beside hf-spec's at the same fixed k
+PEERS = ("hf-assisted", "hf-prompt-lookup")
+
+
+@dataclass
+class Method:
+    """One benchmarked configuration.
+
+    Attributes:
+        name: the key in ``results.json`` (the ``--methods`` entry, with ``@k=K`` in a k sweep).
+        kind: ``baseline`` (plain ``generate``), ``hf-spec`` (hf-spec's loop with a drafter), ``hf-assisted``
+            or ``hf-prompt-lookup`` (transformers' own).
+        k: num_speculative_tokens: an int, "auto" or a controller such as :class:`~hf_spec.adaptive.CycleK`
+            (hf-spec's methods only), or None for the baseline.
+        spec: the drafter spec of an hf-spec method (``draft:NAME``, ``ngram``, ``medusa:DIR``, ...; see
+            :mod:`hf_spec.drafters.registry`), or the draft model's name for ``hf-assisted``.
+    """
+
+    name: str
+    kind: str
+    k: int | str | object | None = None
+    spec: str | None = None
+
+
+def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Method]:
+    """Parse ``--methods`` (comma-separated: ``baseline``, transformers' peers, and any drafter spec) for one k
+    or a sweep of ks. Drafter specs are checked by the registry before any model loads.
+
+    Raises:
+        ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
+            list, k < 1.
+    """
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
+    if any(k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
+        raise ValueError(f"k must be an integer >= 1 or auto, got {ks}")
+    drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
+    draft_name = draft_name or (drafts[0] if drafts else None)
+    out = [Method("baseline", "baseline")]
+    for n in names:
+        if n == "baseline":
+            continue
+        if n in PEERS:
+            if n == "hf-assisted" and draft_name is None:
+                raise ValueError("hf-assisted needs a draft model: add draft:NAME to --methods or pass --draft NAME")
+            if ks == ["auto"]:
+                raise ValueError(f"{n} has no k=auto; compare at fixed k with e.g. --k-sweep 3,5,auto")
+            kind, arg = n, (draft_name if n == "hf-assisted" else None)
+        else:
+            if n.partition(":")[0] not in DRAFTERS and n != "none":
+                raise ValueError(f"unknown method {n!r}; use baseline, {', '.join(PEERS)} or a drafter: "
+                                 f"{drafter_specs()}")
+            parsed = parse_drafter(n)  # a bad argument (a missing folder, no model name) fails here, with why
+            if parsed is None:
+                raise ValueError("'none' is plain decoding: the baseline, which every run includes")
+            kind, arg = "hf-spec", str(parsed)
+        for k in ks:
+            if k == "auto" and kind in PEERS:
+                continue  # transformers' peers run at the fixed ks only
+            out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, arg))
+    return out
+
+
+class _Timer(BaseStreamer):
+    """Time stamps of each ``put`` after the prompt's, and how many tokens each brought."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.times: list[float] = []
+        self.chunks: list[int] = []
+
+    def put(self, value):
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.chunks.append(int(value.numel()))
+
+    def end(self):
+        pass
+
+
+@contextlib.contextmanager
+def _count_hf_drafts(record: list[int]):
+    """Record the number of tokens each transformers candidate generator drafts (observation only)."""
+    classes = [hf_candidates.AssistedCandidateGenerator, hf_candidates.PromptLookupCandidateGenerator]
+    originals = {c: c.__dict__["get_candidates"] for c in classes}
+
+    def wrap(original):
+        def get_candidates(self, input_ids, *args, **kwargs):
+            out = original(self, input_ids, *args, **kwargs)
+            record.append(int(out[0].shape[1] - input_ids.shape[1]))
+            return out
+        return get_candidates
+
+    for c, f in originals.items():
+        c.get_candidates = wrap(f)
+    try:
+        yield
+    finally:
+        for c, f in originals.items():
+            c.get_candidates = f
+
+
+def _hf_stats(chunks: list[int], drafted: list[int]) -> SpecStats:
+    """Acceptance statistics of a transformers run, through the same :class:`SpecStats` as hf-spec's: one
+    chunk of tokens per target forward, whose draft length ``drafted`` recorded; the first forward of
+    assisted generation already verifies a draft, so every forward is a step (no prefill event)."""
+    stats = SpecStats()
+    for i, (emitted, nd) in enumerate(zip(chunks, drafted)):
+        stats(StepEvent(i + 1, nd, [[0] * nd], [max(0, min(emitted - 1, nd))], [[0] * emitted], 0.0, 0.0, 0.0,
+                        [False]))
+    return stats
+
+
+def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, seed: int) -> dict:
+    timer = _Timer()
+    record: list[int] = []
+    kwargs = dict(gen_kwargs)
+    if method.kind == "baseline":
+        kwargs["streamer"] = timer
+    elif method.kind == "hf-spec":
+        kwargs.update(custom_generate=spec_generate, drafter=drafters[method.spec], spec_streamer=timer,
+                      num_speculative_tokens=method.k)
+    elif method.kind == "hf-assisted":
+        # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
+        hf_draft.generation_config.update(num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant",
+                                          assistant_confidence_threshold=0.0)
+        kwargs.update(assistant_model=hf_draft, streamer=timer)
+    elif method.kind == "hf-prompt-lookup":
+        kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
+    torch.manual_seed(seed)
+    with _count_hf_drafts(record):
+        t0 = time.perf_counter()
+        out = model.generate(**inputs, **kwargs)
+        total = time.perf_counter() - t0
+    sequences = out.sequences if hasattr(out, "sequences") else out
+    tokens = sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    n = len(tokens)
+    ttft = timer.times[0] - t0 if timer.times else total
+    row = {"new_tokens": n, "total_s": total, "ttft_s": ttft, "tpot_s": (total - ttft) / (n - 1) if n > 1 else 0.0,
+           "tokens_per_s": n / total, "tokens": tokens}
+    if method.kind == "hf-spec":
+        row["stats"] = out.stats
+    elif method.kind in PEERS:
+        row["stats"] = _hf_stats(timer.chunks, record)
+    return row
+
+
+class _Journal:
+    """Each finished prompt's measurements, saved atomically as the run goes, under a key of the run's
+    settings: a run with the same settings resumes from it; other settings are refused."""
+
+    def __init__(self, path: str | Path | None, key: str):
+        self.path = Path(path) if path is not None else None
+        self.key = key
+
+    def load(self) -> dict[str, dict]:
+        if self.path is None or not self.path.exists():
+            return {}
+        with open(self.path, "rb") as f:
+            state = pickle.load(f)
+        if state.get("key") != self.key:
+            raise ValueError(f"{self.path} holds a partial run with other settings; use another --out or delete it")
+        return {p["question_id"]: p for p in state["prompts"]}
+
+    def save(self, prompts: list[dict]) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump({"key": self.key, "prompts": prompts}, f)
+        os.replace(tmp, self.path)
+
+
+def run_bench(
+    target,
+    tokenizer,
+    methods: list[Method],
+    questions: list[Question],
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    draft_dtype="auto",
+    seed: int = 0,
+    progress: bool = True,
+    journal: str | Path | None = None,
+) -> dict:
+    """Run every method on every question, interleaved, and return per-prompt measurements.
+
+    Args:
+        target: the target model.
+        tokenizer: its tokenizer.
+        methods: from :func:`parse_methods` (``baseline`` first).
+        questions: prompts (turn 1 goes through the chat template).
+        max_new_tokens: new tokens per prompt.
+        temperature: 0 = greedy; > 0 samples.
+        repeats: runs per prompt and method; the median run (by total time) is kept.
+        draft_dtype: dtype of draft models (``"auto"``: :func:`hf_spec.device.draft_dtype`), on the target's device.
+        journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;
+            a run with the same settings and journal skips the prompts already there (resume after an
+            interruption). Machine drift between the sessions hits every method alike, since methods are
+            interleaved within each prompt.
+
+    Returns:
+        ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
+
+    Raises:
+        ValueError: no questions, or repeats < 1, or a journal written with other settings.
+    """
+    from tqdm import tqdm
+
+    from ..models import load
+
+    method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec)
+                   for m in methods]
+    key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
+                      "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
+                      "temperature": temperature, "repeats": repeats, "draft_dtype": str(draft_dtype),
+                      "dtype": str(target.dtype), "seed": seed})
+    saved = _Journal(journal, key)
+    done = saved.load()
+    if not questions:
+        raise ValueError("no questions selected: check --categories / --questions")
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    # one drafter per spec, shared by every k of a sweep: the loop passes each run's k
+    drafters = {m.spec: None for m in methods if m.kind == "hf-spec"}
+    for spec in drafters:
+        drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype)
+    hf_draft = None
+    hf_names = {m.spec for m in methods if m.kind == "hf-assisted"}
+    if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
+        hf_draft, _ = load(hf_names.pop(), dtype=_draft_dtype(target.dtype, draft_dtype))
+        if target.device.type not in ("cpu", "meta"):
+            hf_draft.to(target.device)
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
+    gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
+
+    warm = chat_inputs(tokenizer, "Write one sentence about the sea.")
+    for m in methods:  # one-time costs (allocations, kernels) land on nobody's measurement
+        _run_once(target, m, warm, dict(gen_kwargs, max_new_tokens=8), drafters, hf_draft, seed)
+
+    prompts = []
+    bar = tqdm(total=len(questions) * len(methods) * repeats, desc="bench", disable=not progress)
+    for qi, q in enumerate(questions):
+        if q.question_id in done:
+            prompts.append(done[q.question_id])
+            bar.update(len(methods) * repeats)
+            continue
+        inputs = chat_inputs(tokenizer, q.text)
+        runs: dict[str, list] = {m.name: [] for m in methods}
+        for _ in range(repeats):
+            for m in methods:
+                runs[m.name].append(_run_once(target, m, inputs, gen_kwargs, drafters, hf_draft, seed + qi))
+                bar.update()
+        kept = {name: sorted(rs, key=lambda r: r["total_s"])[len(rs) // 2] for name, rs in runs.items()}
+        prompts.append({"question_id": q.question_id, "category": q.category,
+                        "prompt_tokens": int(inputs["input_ids"].shape[1]), "runs": kept})
+        saved.save(prompts)
+    bar.close()
+    return {"prompts": prompts}

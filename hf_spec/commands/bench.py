@@ -1,0 +1,146 @@
+"""``hf-spec bench`` and ``hf-spec tune``: measurements on Spec-Bench prompts (:mod:`hf_spec.bench`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["run_bench_command", "run_tune"]
+
+
+def run_bench_command(args) -> int:
+    """``hf-spec bench``: every method beside plain decoding on Spec-Bench prompts; writes ``--out``.
+
+    Raises:
+        ValueError: bad methods, settings or categories (before any model loads).
+    """
+    from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
+    from ..device import draft_dtype as _draft_dtype
+    from ..device import machine_info, resolve_dtype
+    from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
+    from ..models import load
+    from ..prompts import load_questions
+
+    ks = args.k_sweep or [args.k if args.k is not None else DEFAULT_NUM_SPECULATIVE_TOKENS]
+    methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
+    try:
+        import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)
+    except ImportError:
+        raise ImportError("hf-spec bench needs matplotlib: pip install 'hf-spec[bench]'")
+    if args.max_new_tokens < 1 or args.per_category < 1 or args.repeats < 1:
+        raise ValueError("--max-new-tokens, --per-category and --repeats must be >= 1")
+    if args.temperature < 0:
+        raise ValueError("--temperature must be >= 0")
+    cats = args.categories.split(",") if args.categories else None
+    questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
+    if not questions:
+        raise ValueError(f"no questions for categories {args.categories!r}")
+    dtype = resolve_dtype(args.dtype)
+    draft_dtype = _draft_dtype(dtype, args.draft_dtype)
+    target, tok = load(args.target, dtype=dtype)
+    journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
+    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
+                    journal=journal)
+    greedy = args.temperature == 0
+    summary = summarize(raw, methods, greedy)
+    prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
+    config = dict(machine_info(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
+                  categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
+                  draft_dtype=str(draft_dtype).replace("torch.", ""), command="hf-spec " + " ".join(sys.argv[1:]))
+    out = write_report(args.out, config, summary, raw, prediction)
+    journal.unlink(missing_ok=True)
+    from ..bench import markdown_table, model_table
+
+    print(markdown_table(summary))
+    if model_table(summary):
+        print(model_table(summary))
+    print(f"written: {out}/results.json, results.md, plots")
+    return 0
+
+
+def run_tune(args) -> int:
+    """``hf-spec tune``: measure acceptance, draft cost and verify cost in the loop; predict the best k and
+    measure it beside its neighbours.
+
+    Raises:
+        ValueError: a bad drafter spec (``none`` included: nothing to tune) or setting, before any model loads.
+    """
+    from ..adaptive import CycleK
+    from ..bench import Method, decode_time_per_token, run_bench, summarize
+    from ..device import draft_dtype as _draft_dtype
+    from ..device import resolve_dtype
+    from ..drafters.registry import parse_drafter
+    from ..metrics import SpecStats
+    from ..models import load
+    from ..prompts import load_questions
+    from ..tuning import conditional_acceptance, expected_speedups, in_loop_costs
+
+    if args.k_max < 1:
+        raise ValueError("--k-max must be >= 1")
+    spec = parse_drafter(args.drafter)
+    if spec is None:
+        raise ValueError("--drafter none has nothing to tune; use ngram, draft:MODEL or medusa:DIR")
+    questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
+    if not questions:
+        raise ValueError(f"no questions for categories {args.categories!r}")
+    dtype = resolve_dtype(args.dtype)
+    draft_dtype = _draft_dtype(dtype, args.draft_dtype)
+    target, tok = load(args.target, dtype=dtype)
+    spec = str(spec)
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+
+    # 1. calibration: plain decoding beside the loop with k cycling 1..k_max, interleaved prompt by prompt.
+    # From it: T_1 (the baseline's TPOT), the per-position acceptance, and the draft and verify cost of each k
+    # as the loop spends them (isolated forwards miss the draft's catch-up and the bookkeeping).
+    log(f"calibrating: k = 1..{args.k_max} in turn, beside plain decoding, on {len(questions)} prompts ...")
+    cycle = CycleK(1, args.k_max)
+    methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{args.k_max}", "hf-spec", cycle, spec)]
+    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+                    progress=not args.json)
+    t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
+    stats = SpecStats()
+    for p in raw["prompts"]:
+        stats.merge(p["runs"][methods[1].name]["stats"])
+    acceptance = conditional_acceptance(stats) or [0.0]
+    c, verify = in_loop_costs(cycle.calls[1:], t_plain, args.k_max)  # calls[0]: run_bench's warm-up
+    predicted = expected_speedups(acceptance, c, verify)
+    k_best = max(predicted, key=lambda k: (predicted[k], -k))
+    result = {"target": args.target, "drafter": args.drafter, "t_plain_s": t_plain,
+              "conditional_acceptance": acceptance, "acceptance_rate": stats.acceptance_rate,
+              "cost_ratio": c, "verify_cost": verify, "predicted": predicted, "best_k": k_best, "measured": {}}
+    # 2. measured speedup at the best k and its neighbours, each beside its prediction
+    if not args.no_check:
+        ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= args.k_max})
+        log(f"measuring the speedup at k = {ks} ...")
+        methods = [Method("baseline", "baseline")] + [Method(f"{spec}@k={k}", "hf-spec", k, spec) for k in ks]
+        raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+                        progress=not args.json)
+        summary = summarize(raw, methods, greedy=True)
+        for m in methods[1:]:
+            decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]
+            result["measured"][m.k] = {
+                "speedup_decode": decode,
+                "speedup_total": summary[m.name]["speedup_total"],
+                "speedup_median": summary[m.name]["speedup_median"],
+                "identical_fraction": summary[m.name]["identical_fraction"],
+                "prediction_error": predicted[m.k] / decode - 1,
+            }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.target} + {args.drafter} on {len(questions)} prompts, {args.max_new_tokens} new tokens; "
+          f"T_1 = {t_plain * 1000:.0f} ms (plain decoding's TPOT)")
+    print("conditional acceptance by position: " + " ".join(f"{a:.2f}" for a in acceptance))
+    print("| k | c | verify T(k+1)/T(1) | predicted | measured (decode) | error | measured (total) | identical |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k, pred in predicted.items():
+        m = result["measured"].get(k)
+        meas = (f"{m['speedup_decode']:.2f}x | {m['prediction_error']:+.0%} | {m['speedup_total']:.2f}x | "
+                f"{m['identical_fraction']:.0%}" if m else "- | - | - | -")
+        print(f"| {k}{' (best)' if k == k_best else ''} | {c[k - 1]:.3f} | {verify[k]:.2f} | {pred:.2f}x | {meas} |")
+    print("c and the verify cost: seconds per drafted token and per verify step inside the loop, over T_1; "
+          "predicted: E[tokens per step] / (T_verify(k+1)/T_1 + k c); error: predicted / measured - 1")
+    return 0

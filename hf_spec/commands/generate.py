@@ -1,0 +1,245 @@
+"""``hf-spec generate``: speculative generation on one prompt (or a file of prompts, in batches), optionally
+compared side by side with plain ``model.generate`` in the same process (speedup, identity, and where a
+greedy output differs, the target's logits there)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["run", "first_difference", "near_tie_verdict"]
+
+
+def run(args) -> int:
+    """The command body (arguments from :func:`hf_spec.cli.build_parser`).
+
+    Raises:
+        ValueError: bad input (an empty prompt, a bad drafter spec, a port out of range, ...), before any
+            model loads where it can be told then.
+    """
+    from ..device import resolve_dtype
+    from ..drafters.registry import make_drafter, parse_drafter
+    from ..models import load
+
+    _check_args(args)
+    spec = parse_drafter(args.drafter)  # a bad spec fails before any model loads
+    prompts = _read_prompts(args)
+    dtype = resolve_dtype(args.dtype)
+    model, tokenizer = load(args.target, dtype=dtype, quantization=args.quantization)
+    drafter = make_drafter(spec, num_speculative_tokens=None if args.k == "auto" else args.k, target=model,
+                           tokenizer=tokenizer, draft_dtype=args.draft_dtype)
+    listeners = _metrics_listeners(args, drafter)
+    rows, totals = _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype)
+    draft_model = getattr(drafter, "draft_model", None)
+    config = {"target": args.target, "drafter": args.drafter,
+              "num_speculative_tokens": args.k if args.k is not None or drafter is None else drafter.num_speculative_tokens,
+              "dtype": str(dtype).replace("torch.", ""), "quantization": args.quantization,
+              "draft_dtype": str(draft_model.dtype).replace("torch.", "") if draft_model is not None else None,
+              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
+    if args.json:
+        result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows, **totals}
+        print(json.dumps(result, indent=2), flush=True)
+    else:
+        _print_text(args, rows, totals, config)
+    if args.prometheus_port is not None and args.prometheus_hold > 0:
+        print(f"hf-spec: serving the metrics {args.prometheus_hold:g} s more", file=sys.stderr)
+        time.sleep(args.prometheus_hold)
+    return 0
+
+
+def _check_args(args) -> None:
+    if args.k is not None and args.k != "auto" and args.k < 1:
+        raise ValueError("-k must be >= 1 or auto (use --drafter none to decode without speculation)")
+    if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
+        raise ValueError("--prometheus-port must be a TCP port (1-65535)")
+    if args.prometheus_hold < 0:
+        raise ValueError("--prometheus-hold must be >= 0 seconds")
+    if args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be >= 1")
+    if args.batch_size < 1:
+        raise ValueError("--batch-size must be >= 1")
+    if args.temperature < 0:
+        raise ValueError("--temperature must be >= 0 (0 decodes greedily)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError("--top-p must be in (0, 1]")
+
+
+def _read_prompts(args) -> list[str]:
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise ValueError("empty prompt: give some text with --prompt")
+        return [args.prompt]
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        raise ValueError(f"no such prompt file: {path}")
+    if path.suffix == ".jsonl":
+        from ..prompts import load_questions
+
+        return [q.text for q in load_questions(path)]
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"empty prompt file: {path}")
+    return [text]
+
+
+def _metrics_listeners(args, drafter) -> list:
+    """``--prometheus-port``: serve vLLM-named metrics on loopback, fed by an event listener."""
+    if args.prometheus_port is None or drafter is None:
+        return []
+    from ..prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics()
+    try:
+        server, _ = metrics.serve(args.prometheus_port)
+    except OSError as e:
+        raise ValueError(f"cannot serve metrics on 127.0.0.1:{args.prometheus_port}: {e}") from e
+    print(f"hf-spec: Prometheus metrics on http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
+    return [metrics.listener(drafter.method)]
+
+
+def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) -> tuple[list[dict], dict]:
+    """Every prompt, ``--batch-size`` at a time, speculative then (``--compare``) plain; one row per prompt."""
+    import torch
+
+    from ..loop import generate as spec_generate
+    from ..loop import generated_length
+    from ..prompts import chat_inputs
+
+    gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, tokenizer=tokenizer)
+    if args.temperature > 0:
+        gen_kwargs.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    else:
+        gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+    k_call = "auto" if args.k == "auto" and drafter is not None else None
+
+    # warm-up, so that one-time costs land on neither side of the comparison
+    warm = chat_inputs(tokenizer, prompts[0], args.chat)
+    model.generate(**warm, max_new_tokens=2, do_sample=False, tokenizer=tokenizer)
+    model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, drafter=drafter,
+                   tokenizer=tokenizer)
+
+    rows, spec_s, base_s = [], 0.0, 0.0
+    for first in range(0, len(prompts), args.batch_size):
+        texts = prompts[first:first + args.batch_size]
+        inputs = chat_inputs(tokenizer, texts, args.chat)
+        prompt_len = inputs["input_ids"].shape[1]
+        torch.manual_seed(args.seed)
+        out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, event_listeners=listeners,
+                             num_speculative_tokens=k_call, **gen_kwargs)
+        spec_s += out.stats.total_s
+        if args.compare:
+            torch.manual_seed(args.seed)
+            t0 = time.perf_counter()
+            base = model.generate(**inputs, **gen_kwargs)
+            batch_base_s = time.perf_counter() - t0
+            base_s += batch_base_s
+        for b in range(len(texts)):
+            stats = out.stats.per_row.get(b, out.stats)
+            new = out.sequences[b, prompt_len:prompt_len + stats.new_tokens]
+            row = {
+                "text": tokenizer.decode(new, skip_special_tokens=True),
+                "new_tokens": stats.new_tokens,
+                "acceptance_rate": stats.acceptance_rate,
+                "mean_accepted_length": stats.mean_accepted_length,
+                "acceptance_by_position": stats.acceptance_by_position,
+                "tokens_per_s": stats.tokens_per_s,
+                "ttft_s": stats.ttft_s,
+                "tpot_s": stats.tpot_s,
+                "total_s": stats.total_s,
+                "target_forwards": stats.num_target_forwards,
+            }
+            if args.k == "auto":  # the batch shares one k per step: the decisions are the call's
+                row.update(k_per_step=out.stats.k_per_step, policy_events=out.stats.policy_events)
+            if args.compare:
+                base_row = base[b, prompt_len:]
+                base_new = generated_length(base_row.tolist(), model.generation_config.eos_token_id)
+                row["baseline_new_tokens"] = base_new
+                row["identical_to_baseline"] = bool(torch.equal(base_row[:base_new], new)) and base_new == stats.new_tokens
+                if not row["identical_to_baseline"] and args.temperature == 0:
+                    prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]
+                    row["first_difference"] = diff = first_difference(model, tokenizer, prompt, base_row[:base_new], new)
+                    if diff:
+                        diff["verdict"] = near_tie_verdict(diff["logit_gap"], model, dtype)
+                if len(texts) == 1:
+                    row["baseline_tokens_per_s"] = base_new / batch_base_s
+                    row["baseline_total_s"] = batch_base_s
+                    row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
+            rows.append(row)
+    total_new = sum(r["new_tokens"] for r in rows)
+    totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
+    if args.compare:
+        totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
+        totals["speedup"] = totals["tokens_per_s"] / totals["baseline_tokens_per_s"]
+        totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
+    return rows, totals
+
+
+def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
+    for row in rows:
+        print(row["text"])
+        print("-" * 60)
+        print(f"{row['new_tokens']} tokens | acceptance rate {row['acceptance_rate']:.1%} | mean accepted length "
+              f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
+        if args.compare:
+            print(f"identical to plain decoding: {row['identical_to_baseline']}")
+            diff = row.get("first_difference")
+            if diff:
+                print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
+                      f"{diff['speculative']!r}; the target's logits there {diff['plain_logit']:.4g} vs "
+                      f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): {diff['verdict']}")
+    total_new = sum(r["new_tokens"] for r in rows)
+    print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
+    if args.compare:
+        print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
+    print()
+    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
+          f"batch size {config['batch_size']}]")
+
+
+def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> dict | None:
+    """Where a greedy speculative output first differs from plain decoding, and the target's logits there.
+
+    Args:
+        model: the target.
+        tokenizer: its tokenizer (to show the two tokens).
+        prompt: ``LongTensor[P]``, the prompt without padding.
+        plain_new, speculative_new: ``LongTensor[N1]``, ``LongTensor[N2]``: the new tokens of each.
+
+    Returns:
+        ``None`` if one is a prefix of the other, else ``{"new_token", "plain", "speculative", "plain_logit",
+        "speculative_logit", "logit_gap"}`` from one target forward over the common prefix (the gap is
+        plain minus speculative: a near-tie when it is within the rounding of the compute dtype).
+    """
+    import torch
+
+    n = min(len(plain_new), len(speculative_new))
+    i = next((j for j in range(n) if plain_new[j] != speculative_new[j]), None)
+    if i is None:
+        return None
+    prefix = torch.cat([prompt.to(model.device), plain_new[:i].to(model.device)])[None]
+    with torch.no_grad():
+        logits = model(input_ids=prefix).logits[0, -1].float()
+    a, b = int(plain_new[i]), int(speculative_new[i])
+    return {"new_token": i, "plain": tokenizer.decode([a]), "speculative": tokenizer.decode([b]),
+            "plain_logit": float(logits[a]), "speculative_logit": float(logits[b]),
+            "logit_gap": float(logits[a] - logits[b])}
+
+
+def near_tie_verdict(gap: float, model, dtype) -> str:
+    """Whether a first difference's logit gap is within what the compute's rounding explains
+    (:data:`hf_spec.kernels.NEAR_TIE_BOUNDS`)."""
+    from ..kernels import NEAR_TIE_BOUNDS
+
+    quant = getattr(model.config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    key = "awq" if getattr(method, "value", method) == "awq" else str(dtype).replace("torch.", "")
+    bound = NEAR_TIE_BOUNDS.get(key)
+    if bound is None:
+        return f"no measured rounding bound for {key}; compare with --dtype float32"
+    if gap <= bound:
+        hint = "" if key == "float32" else "; --dtype float32 makes such ties rare"
+        return f"a near-tie (under {bound:g}, what {key} verify rounding explains) settled the other way{hint}"
+    return (f"larger than {key} verify rounding explains ({bound:g}): not a near-tie; please report it with the "
+            "prompt and the command")

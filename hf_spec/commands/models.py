@@ -1,0 +1,55 @@
+"""``hf-spec train-medusa``, ``hf-spec quantize`` and ``hf-spec provision``: commands that make models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["run_train_medusa", "run_quantize", "run_provision"]
+
+
+def run_train_medusa(args) -> int:
+    """``hf-spec train-medusa``: Medusa heads for a target by self-distillation (:mod:`hf_spec.medusa.train`).
+
+    Raises:
+        ValueError: bad settings or a missing data file, before the target loads.
+    """
+    from dataclasses import fields
+
+    from ..device import resolve_dtype
+    from ..medusa.train import TrainSettings, train_medusa
+    from ..models import load
+
+    settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
+    settings.check()  # before loading the target
+    if args.data != "specbench" and not Path(args.data).is_file():
+        raise ValueError(f"no such data file: {args.data}")
+    model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype))
+    report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
+    print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "
+          f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s, "
+          f"training {report['train_seconds']:.0f} s")
+    print("| head | predicts | top-1 agreement | top-5 agreement | held-out positions |")
+    print("|---|---|---|---|---|")
+    for h in report["agreement"]:
+        print(f"| {h['head']} | t+{h['head'] + 2} | {h['top1']:.1%} | {h['top5']:.1%} | {h['positions']} |")
+    print(f"saved to {args.out}")
+    return 0
+
+
+def run_quantize(args) -> int:
+    """``hf-spec quantize``: an AWQ-INT4 checkpoint of a target (:func:`hf_spec.quantize.quantize_awq`)."""
+    from ..quantize import quantize_awq
+
+    out = quantize_awq(args.target, args.out, group_size=args.group_size, calibration=args.calibration,
+                       num_texts=args.num_texts, max_chars=args.max_chars, device=args.device)
+    print(f"AWQ-INT4 checkpoint written to {out}; use it as --target {out}")
+    return 0
+
+
+def run_provision(args) -> int:
+    """``hf-spec provision``: install, assemble, verify and convert offline models into the cache."""
+    from ..models import provision
+
+    for name in args.names:
+        print(provision(name))
+    return 0

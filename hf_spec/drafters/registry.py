@@ -1,0 +1,105 @@
+"""One place that turns a drafter spec (``none``, ``ngram``, ``draft:MODEL``, ``medusa:DIR``) into a drafter.
+
+The command line (``generate``, ``bench``, ``tune``), the benchmark and the demo all build their drafters
+here, so a spec means the same everywhere, is checked once, before any model loads, and gets one default k
+(:data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`, or what the drafter knows better: a Medusa
+checkpoint's head count). Adding a drafter = one file with a :class:`~hf_spec.drafters.base.Drafter` subclass
++ one line in :data:`DRAFTERS` (or :func:`register_drafter` from your own code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import Drafter
+from .draft_model import DraftModelDrafter
+from .medusa import MedusaDrafter
+from .ngram import NgramDrafter
+
+__all__ = ["DRAFTERS", "DrafterSpec", "parse_drafter", "make_drafter", "register_drafter", "drafter_specs"]
+
+#: spec name -> drafter class; the spec is ``name`` or ``name:ARGUMENT`` (the class's ``spec_argument``)
+DRAFTERS: dict[str, type[Drafter]] = {
+    "ngram": NgramDrafter,
+    "draft": DraftModelDrafter,
+    "medusa": MedusaDrafter,
+}
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A parsed drafter spec: ``name`` (a key of :data:`DRAFTERS`) and the ``argument`` after ``:``."""
+
+    name: str
+    argument: str | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.argument is None else f"{self.name}:{self.argument}"
+
+    @property
+    def cls(self) -> type[Drafter]:
+        return DRAFTERS[self.name]
+
+
+def drafter_specs() -> str:
+    """The accepted spec forms, for messages and help: ``none | ngram | draft:MODEL | medusa:DIR``."""
+    forms = [name if cls.spec_argument is None else f"{name}:{cls.spec_argument}" for name, cls in DRAFTERS.items()]
+    return " | ".join(["none"] + forms)
+
+
+def parse_drafter(spec: str) -> DrafterSpec | None:
+    """Parse and check a drafter spec before any model loads; ``"none"`` gives ``None`` (plain decoding).
+
+    Raises:
+        ValueError: an unknown name, a missing or unexpected argument, or an argument the drafter refuses
+            (e.g. ``medusa:DIR`` whose folder does not exist), with the accepted forms.
+    """
+    text = (spec or "").strip()
+    if text == "none":
+        return None
+    name, sep, argument = text.partition(":")
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {spec!r}; use {drafter_specs()}")
+    parsed = DrafterSpec(name, argument if sep else None)
+    try:
+        parsed.cls.check_spec(parsed.argument)
+    except ValueError as e:
+        raise ValueError(f"drafter {spec!r}: {e}") from e
+    return parsed
+
+
+def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int | None = None, target=None,
+                 tokenizer=None, draft_dtype="auto") -> Drafter | None:
+    """Build the drafter a spec names (``None`` for ``"none"``).
+
+    Args:
+        spec: ``none``, ``ngram``, ``draft:MODEL``, ``medusa:DIR`` or a registered name; or a parsed spec.
+        num_speculative_tokens: the drafter's own k (an int >= 1), or ``None`` for its default (3; a Medusa
+            checkpoint's head count). ``"auto"`` is a per-call choice: pass it to ``generate``, not here.
+        target: the target model (a draft model is put on its device; Medusa heads are checked against it).
+        tokenizer: the target's tokenizer (a draft model's must have the same vocabulary).
+        draft_dtype: ``"auto"`` (bfloat16; float16 beside a float16 target) or a dtype name, for draft models.
+
+    Raises:
+        ValueError: a bad spec or k (before any model loads), or a drafter that cannot serve ``target``.
+    """
+    parsed = parse_drafter(spec) if not isinstance(spec, DrafterSpec) and spec is not None else spec
+    if parsed is None:
+        return None
+    return parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
+                                tokenizer=tokenizer, draft_dtype=draft_dtype)
+
+
+def register_drafter(name: str, cls: type[Drafter]) -> None:
+    """Make ``name`` (or ``name:ARGUMENT``) a drafter spec for ``cls`` everywhere specs are read (the CLI, the
+    benchmark, the demo), e.g. for a drafter in your own package.
+
+    Raises:
+        ValueError: ``name`` is taken, empty, contains ``:`` or is ``none``; TypeError: ``cls`` is no Drafter.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+        raise TypeError(f"{cls!r} is not a subclass of hf_spec.Drafter")
+    if not name or ":" in name or name == "none" or name in DRAFTERS:
+        raise ValueError(f"cannot register a drafter as {name!r}: empty, contains ':', 'none' or already taken "
+                         f"({', '.join(DRAFTERS)})")
+    DRAFTERS[name] = cls

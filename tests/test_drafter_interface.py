@@ -1,0 +1,308 @@
+"""The drafter interface (tiny random models): the loop owns k and never writes it onto a drafter; after every
+target forward, speculative or plain, the drafter is told what happened (accepted counts, and the target's
+hidden states when it asks), per call, with no hook on the target; so a Medusa drafter survives plain steps
+and two threads on one target never see each other's hidden states."""
+
+import threading
+
+import pytest
+import torch
+
+import hf_spec
+from hf_spec.adaptive import AdaptiveK
+from hf_spec.drafters.medusa import MedusaDrafter
+
+from .conftest import tiny_llama, tiny_pair
+from .test_medusa import random_heads
+
+PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+
+
+class Schedule(AdaptiveK):
+    """A controller that plays a fixed k schedule (0 = a plain step), round and round."""
+
+    def __init__(self, ks):
+        super().__init__()
+        self.ks = ks
+
+    def reset(self, drafter_k=None, drafter_k_max=None):
+        super().reset(drafter_k, drafter_k_max)
+        self.i = 0
+
+    def decide(self):
+        k = self.ks[self.i % len(self.ks)]
+        self.i += 1
+        return k, None
+
+
+def _target(seed=3):
+    target = tiny_llama(seed=seed)
+    target.generation_config.eos_token_id = None  # run to max_new_tokens
+    return target
+
+
+@pytest.mark.parametrize("schedule", [[0, 2, 0, 0, 3, 1], [3, 0], [0, 0, 0, 2]])
+def test_medusa_survives_plain_steps_between_drafts(schedule):
+    """Before, a Medusa draft after a plain step (speculation off, a refresh step) crashed: "lost track of the
+    target's hidden states"; the drafts must still come from the hidden state of the last accepted position."""
+    target = _target()
+    heads = random_heads(n=3, seed=1).bind(target)
+    ref = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
+    seen = []
+    out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=MedusaDrafter(heads, 3), num_speculative_tokens=Schedule(schedule),
+                          event_listeners=[seen.append])
+    assert torch.equal(out.sequences, ref)
+    drafted = [e for e in seen if e.drafted[0]]
+    assert len(drafted) >= 5 and any(e.step > 1 and e.num_speculative_tokens == 0 for e in seen)
+    # each draft equals the heads on a full forward's hidden state at position len - 2 (the one that predicted
+    # the row's last token)
+    seq = ref[0]
+    length = PROMPT.shape[1] + 1  # after the prefill
+    for e in seen[1:]:
+        if e.drafted[0]:
+            with torch.no_grad():
+                hidden = target(input_ids=seq[None, :length - 1], output_hidden_states=True).hidden_states[-1][0, -1]
+                want = heads(hidden, num_heads=len(e.drafted[0])).argmax(-1).tolist()
+            assert e.drafted[0] == want, (e.step, e.drafted[0], want)
+        length += len(e.emitted[0])
+
+
+def test_medusa_with_auto_k_is_greedy_identical():
+    """The demo's default: random heads lose, so the controller switches speculation off and probes later."""
+    target = _target()
+    heads = random_heads(n=3, seed=1).bind(target)
+    ref = target.generate(PROMPT, max_new_tokens=80, do_sample=False)
+    out = target.generate(PROMPT, max_new_tokens=80, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=MedusaDrafter(heads), num_speculative_tokens=AdaptiveK(off_steps=2))
+    assert torch.equal(out.sequences, ref)
+    assert 0 in out.stats.k_per_step[4:] and any(k > 0 for k in out.stats.k_per_step)
+
+
+def test_two_threads_on_one_target_never_share_hidden_states():
+    """Two threads, one target, each with its own Medusa drafter and prompt: every thread's drafts equal what
+    the same call drafts alone (before, one crashed and the other drafted from the other request)."""
+    target = _target()
+    jobs = [(MedusaDrafter(random_heads(n=3, seed=1).bind(target), 3), torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])),
+            (MedusaDrafter(random_heads(n=2, seed=2).bind(target), 2), torch.tensor([[0, 4, 4, 8, 2, 6, 11, 3, 2, 7]]))]
+
+    def run(drafter, prompt):
+        seen = []
+        target.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=drafter, event_listeners=[seen.append])
+        return [e.drafted[0] for e in seen]
+
+    alone = [run(d, p) for d, p in jobs]
+    for _ in range(3):
+        results, errors = [None, None], []
+
+        def worker(i):
+            try:
+                results[i] = run(*jobs[i])
+            except Exception as e:  # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert results == alone
+
+
+def test_no_hook_is_left_on_the_target():
+    target = _target()
+    drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
+    target.generate(PROMPT, max_new_tokens=10, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter)
+    lm_head = target.get_output_embeddings()
+    assert not lm_head._forward_pre_hooks and not lm_head._forward_hooks
+
+
+@pytest.mark.parametrize("make", [lambda draft: hf_spec.NgramDrafter(5), lambda draft: hf_spec.DraftModelDrafter(draft, 5)])
+def test_a_call_never_changes_the_drafters_k(make):
+    """A drafter passed with num_speculative_tokens=2 (or "auto") keeps its own k for the next call."""
+    target, draft = tiny_pair()
+    drafter = make(draft)
+    for k in (2, "auto", 1):
+        target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=drafter, num_speculative_tokens=k)
+        assert drafter.num_speculative_tokens == 5
+    seen = []
+    target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter,
+                    event_listeners=[seen.append])
+    assert {e.num_speculative_tokens for e in seen[1:]} == {5}
+
+
+# ---- what the drafter is told after each forward ------------------------------------------------------------
+def _tiny(arch: str):
+    """A tiny random target of a few architectures whose last hidden state is computed differently (Llama;
+    GPT-2's learned positions and final LayerNorm; Gemma 2's logit soft-capping after lm_head)."""
+    from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, LlamaConfig
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=32, bos_token_id=0, eos_token_id=None, pad_token_id=1)
+    cfg = {"llama": lambda: LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, **common),
+           "gpt2": lambda: GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **common),
+           "gemma2": lambda: Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=8, final_logit_softcapping=5.0, **common),
+           }[arch]()
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+class Recording(hf_spec.NgramDrafter):
+    """An n-gram drafter that asks for hidden states and keeps everything it is told."""
+
+    needs_hidden_states = True
+
+    def prepare(self, target, input_ids):
+        self.told = []
+
+    def update(self, verified):
+        self.told.append(verified)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+def test_the_drafter_is_told_every_forward_with_the_targets_hidden_states(arch, monkeypatch):
+    """After the prefill and every step (plain ones too): the accepted and drafted counts of the events, and
+    hidden states equal to a full forward's last hidden states at the verified positions."""
+    target = _tiny(arch)
+    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9, 5, 9]])
+    drafter = Recording(3)
+    sessions = []
+    original = Recording.start
+
+    def start(self, *args, **kwargs):
+        sessions.append(original(self, *args, **kwargs))
+        return sessions[-1]
+
+    monkeypatch.setattr(Recording, "start", start)
+    events = []
+    out = target.generate(prompt, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=drafter, num_speculative_tokens=Schedule([3, 0, 2]), event_listeners=[events.append])
+    assert not hasattr(drafter, "told")  # the caller's object is untouched; the call's copy was told
+    told = sessions[0].told
+    assert len(told) == len(events) and [v.step for v in told] == [e.step for e in events]
+    assert any(e.drafted[0] for e in events) and any(e.step and not e.drafted[0] for e in events)
+    seq = out.sequences[0]
+    with torch.no_grad():
+        full = target(input_ids=seq[None], output_hidden_states=True).hidden_states[-1][0]
+    length = prompt.shape[1]  # the row's length before the forward
+    for verified, event in zip(told, events):
+        assert verified.num_drafted.tolist() == [len(event.drafted[0])]
+        assert verified.num_accepted.tolist() == [event.num_accepted[0]]
+        width = verified.hidden_states.shape[1]
+        assert width == (1 if event.step == 0 else len(event.drafted[0]) + 1)
+        first = length - 1  # column 0 is the position of the row's last token before the forward
+        for j in range(event.num_accepted[0] + 1):  # columns whose inputs are all in the final sequence
+            torch.testing.assert_close(verified.hidden_states[0, j], full[first + j], atol=1e-4, rtol=1e-4)
+        length += len(event.emitted[0])
+        torch.testing.assert_close(verified.last_hidden_state()[0], full[length - 2], atol=1e-4, rtol=1e-4)
+
+
+def test_hidden_states_only_for_drafters_that_ask(monkeypatch):
+    target = _tiny("llama")
+    seen = []
+    monkeypatch.setattr(hf_spec.NgramDrafter, "update", lambda self, verified: seen.append(verified.hidden_states))
+    target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate,
+                    drafter=hf_spec.NgramDrafter(2))
+    assert seen and all(h is None for h in seen)
+
+
+# ---- the registry --------------------------------------------------------------------------------------------
+def test_registry_builds_every_spec_with_one_default_k():
+    from hf_spec.drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
+    from hf_spec.drafters.registry import make_drafter, parse_drafter
+
+    assert make_drafter("none") is None
+    ngram = make_drafter("ngram")
+    assert isinstance(ngram, hf_spec.NgramDrafter) and ngram.num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS
+    assert make_drafter("ngram", num_speculative_tokens=5).num_speculative_tokens == 5
+    assert str(parse_drafter("draft:some/model")) == "draft:some/model"
+    for bad, msg in [("warp", "unknown drafter 'warp'; use none | ngram | draft:MODEL | medusa:DIR"),
+                     ("draft:", "needs MODEL"), ("ngram:5", "takes no argument"), ("medusa:/no/such", "no Medusa heads")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_drafter(bad)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        make_drafter("ngram", num_speculative_tokens=0)
+
+
+def test_register_drafter_refuses_bad_names():
+    from hf_spec.drafters.registry import register_drafter
+
+    for name in ("", "a:b", "none", "ngram"):
+        with pytest.raises(ValueError, match="cannot register"):
+            register_drafter(name, hf_spec.NgramDrafter)
+    with pytest.raises(TypeError):
+        register_drafter("x", dict)
+
+
+def test_a_fixed_k_above_what_the_drafter_proposes_is_refused_before_any_work():
+    target = _target()
+    drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
+    with pytest.raises(ValueError, match="at most 2 tokens per step"):
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter,
+                        num_speculative_tokens=3)
+    for bad in (0, -1, 2.5, "fast", True):
+        with pytest.raises(ValueError, match="integer >= 1"):
+            target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter,
+                            num_speculative_tokens=bad)
+
+
+# ---- a new drafter: one file and one registry line -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_target_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's real tokenizer, saved as a folder the command line loads."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id))
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_the_docs_toy_drafter_is_one_file_and_one_registry_line(tiny_target_dir, tmp_path, monkeypatch, capsys):
+    """docs/architecture.md's RepeatDrafter, written to its own file and given its registry entry, works through
+    the command line's drafter spec: exact output, k from the one default, its drafts verified."""
+    import importlib.util
+    import json
+    import re
+    from pathlib import Path
+
+    from hf_spec import cli
+    from hf_spec.drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
+    from hf_spec.drafters.registry import DRAFTERS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    source = re.search(r"```python\n(# hf_spec/drafters/repeat\.py\n.*?)```", doc, re.S).group(1)
+    assert '"repeat": RepeatDrafter,' in doc
+    (tmp_path / "repeat.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("repeat", tmp_path / "repeat.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(DRAFTERS, "repeat", module.RepeatDrafter)  # the registry line
+    assert cli.main(["generate", "--target", str(tiny_target_dir), "--drafter", "repeat", "--max-new-tokens", "24",
+                     "--prompt", "def f():", "--compare", "--json", "--dtype", "float32"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical_to_baseline"] is True and out["new_tokens"] == 24
+    assert out["config"]["drafter"] == "repeat" and out["config"]["num_speculative_tokens"] == DEFAULT_NUM_SPECULATIVE_TOKENS
+    assert len(out["acceptance_by_position"]) == DEFAULT_NUM_SPECULATIVE_TOKENS  # it drafted k tokens per step
+    assert out["acceptance_rate"] > 0  # a random tiny model repeats itself: the drafts are really verified
+    assert out["target_forwards"] < out["new_tokens"] + 1
+
+
+def test_bad_drafter_specs_fail_before_any_model_loads(capsys):
+    from hf_spec import cli
+
+    for spec, msg in [("repeat", "unknown drafter 'repeat'"), ("medusa:/no/such/heads", "no Medusa heads"),
+                      ("draft:", "needs MODEL")]:
+        assert cli.main(["generate", "--target", "no-such-model", "--drafter", spec, "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "unknown model" not in err, err
