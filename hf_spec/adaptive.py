@@ -103,7 +103,8 @@ class AdaptiveK:
         ValueError: a bound or setting out of range (NaN included).
 
     Use: ``model.generate(..., custom_generate=hf_spec.generate, drafter=d, num_speculative_tokens="auto")``
-    or pass an ``AdaptiveK(...)`` instance as ``num_speculative_tokens`` to change its settings.
+    or pass an ``AdaptiveK(...)`` instance as ``num_speculative_tokens`` to change its settings (each call runs
+    its own copy of it, reset at the start, so one instance can configure concurrent calls).
     """
 
     def __init__(self, k_min: int = 1, k_max: int = 8, k_start: int | None = None, decay: float = 0.97,

@@ -18,7 +18,8 @@ class StepEvent:
 
     Attributes:
         step: 0 for the prefill forward, then 1, 2, ...
-        num_speculative_tokens: the k asked of the drafter for this step (0 for the prefill).
+        num_speculative_tokens: the k the drafter was asked for in this step: the call's or the controller's,
+            capped where ``max_new_tokens`` leaves less; 0 for the prefill and for plain steps.
         drafted: per row, the drafted token ids that were verified (may be shorter than k, or empty).
         num_accepted: per row, how many drafted tokens were accepted and emitted; always
             ``len(emitted) - 1`` or less (when a stop ends the row inside the accepted run, the last kept

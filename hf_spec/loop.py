@@ -14,6 +14,7 @@ calls this loop, which verifies with the one acceptance rule of :mod:`hf_spec.ac
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -188,6 +189,8 @@ def speculative_decode(
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
     max_length = generation_config.max_length
+    vocab_size = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
+        else model.config.get_text_config().vocab_size
     # the drafter of this call: a copy bound to it, so the caller's object never changes
     session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
     listeners = [stats := SpecStats()] + list(event_listeners or [])
@@ -267,8 +270,10 @@ def speculative_decode(
         budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
         k_step = int(budget.max())
         if k_step > 0:
-            drafts, num_drafted, draft_scores = session.draft([rows[b][pad_len[b]:] for b in active], k_step)
-            drafts, num_drafted = drafts.to(device), torch.minimum(num_drafted.to(device), budget)
+            drafts, num_drafted, draft_scores = _checked_draft(
+                session, session.draft([rows[b][pad_len[b]:] for b in active], k_step), n_rows, k_step, vocab_size,
+                do_sample, device)
+            num_drafted = torch.minimum(num_drafted, budget)
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
         k = drafts.shape[1]
@@ -305,7 +310,7 @@ def speculative_decode(
         ndr = num_drafted.tolist()
         emit(
             StepEvent(
-                step, k_asked, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
+                step, k_step, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
                 [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
                 t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
                 rows=list(active),
@@ -317,9 +322,52 @@ def speculative_decode(
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats)
 
 
+def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device):
+    """A drafter's ``draft`` output, checked before the target sees it: ``(LongTensor[B, k' <= k],
+    LongTensor[B] in 0..k', scores [B, k', V] or None)``, tokens and counts moved to ``device``; a drafter
+    that samples must return its scores (without them the acceptance rule would take its tokens as certain,
+    and sampling would not be exact).
+
+    Raises:
+        ValueError: anything else, naming the drafter and what it returned.
+    """
+    name = type(session).__name__
+
+    def bad(what: str):
+        return ValueError(f"{name}.draft(rows, k={k}) for {n_rows} rows returned {what}; it must return (tokens "
+                          f"LongTensor[{n_rows}, k' <= {k}], num_drafted LongTensor[{n_rows}] in 0..k', scores "
+                          "[B, k', V] or None): see docs/architecture.md, 'Writing a drafter'")
+
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise bad(f"{type(out).__name__} {len(out) if isinstance(out, (tuple, list)) else ''}".strip()
+                  + " instead of a 3-tuple")
+    tokens, num_drafted, scores = out
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != n_rows or tokens.shape[1] > k \
+            or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise bad(f"tokens of shape {shape} and dtype {getattr(tokens, 'dtype', None)}")
+    if not isinstance(num_drafted, torch.Tensor) or tuple(num_drafted.shape) != (n_rows,) \
+            or num_drafted.is_floating_point():
+        raise bad(f"num_drafted {num_drafted!r}")
+    tokens, num_drafted = tokens.to(device=device, dtype=torch.long), num_drafted.to(device=device, dtype=torch.long)
+    if n_rows and (int(num_drafted.min()) < 0 or int(num_drafted.max()) > tokens.shape[1]):
+        raise bad(f"num_drafted {num_drafted.tolist()} for {tokens.shape[1]} token columns")
+    cols = torch.arange(tokens.shape[1], device=tokens.device)
+    real = tokens[cols[None, :] < num_drafted.to(tokens.device)[:, None]]
+    if real.numel() and (int(real.min()) < 0 or int(real.max()) >= vocab_size):
+        raise bad(f"token ids outside the target's vocabulary 0..{vocab_size - 1} ({int(real.min())}..{int(real.max())})")
+    if scores is not None and (not isinstance(scores, torch.Tensor) or tuple(scores.shape[:2]) != tuple(tokens.shape)
+                               or scores.dim() != 3):
+        raise bad(f"scores of shape {tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}")
+    if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0:
+        raise bad("no scores under sampling although returns_scores is True")
+    return tokens, num_drafted, scores
+
+
 def plan_num_speculative_tokens(num_speculative_tokens, drafter: Drafter | None) -> tuple[int, AdaptiveK | None]:
     """One call's k, decided once: ``(k, None)`` for a fixed k, or ``(the drafter's k, controller)`` for
-    ``"auto"`` / an :class:`~hf_spec.adaptive.AdaptiveK` (which measures the drafter's k after ``k_min``).
+    ``"auto"`` / an :class:`~hf_spec.adaptive.AdaptiveK` (which measures the drafter's k after ``k_min``): a
+    copy of the one given, reset by the loop, so one ``AdaptiveK`` can configure many calls, threads included.
 
     Args:
         num_speculative_tokens: an int >= 1, ``"auto"``, an ``AdaptiveK``, or ``None`` (the drafter's own k).
@@ -330,11 +378,13 @@ def plan_num_speculative_tokens(num_speculative_tokens, drafter: Drafter | None)
     """
     controller = make_controller(num_speculative_tokens)
     if controller is None and num_speculative_tokens is not None:
-        check_num_speculative_tokens(num_speculative_tokens)
+        num_speculative_tokens = check_num_speculative_tokens(num_speculative_tokens)
     if drafter is None:
         return 0, None
     if controller is not None:
-        return drafter.num_speculative_tokens, controller
+        # this call's own copy (its settings, fresh state), so concurrent calls never share a controller's state;
+        # what it collects across calls in shared containers (CycleK.calls) still accumulates
+        return drafter.num_speculative_tokens, copy.copy(controller)
     k = drafter.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
     cap = drafter.max_num_speculative_tokens
     if cap is not None and k > cap:

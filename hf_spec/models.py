@@ -41,6 +41,7 @@ __all__ = [
     "resolve_name",
     "provision",
     "load",
+    "check_name",
 ]
 
 
@@ -133,6 +134,20 @@ def resolve_name(name: str) -> str | None:
     if key in MODELS:
         return key
     return _ALIASES.get(key)
+
+
+def check_name(name: str) -> None:
+    """Check, before anything loads, that :func:`load` can try ``name``: an offline short name (or alias), a
+    local path, or a hub name of the form ``org/name``.
+
+    Raises:
+        UnknownModelError: none of those, with the offline names.
+    """
+    if resolve_name(name) is None and not Path(name).expanduser().exists() and "/" not in name:
+        raise UnknownModelError(
+            f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
+            "not a local folder, and not a hub name of the form org/name"
+        )
 
 
 def _package_file(module: str, rel: str) -> Path | None:
@@ -283,18 +298,14 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 
     from .quantization import bitsandbytes_config, honor_bitsandbytes_compute_dtype, quantization_method
 
+    check_name(name)
     short = resolve_name(name)
     if short is not None:
         path: str = str(provision(short))
     elif Path(name).expanduser().exists():
         path = str(Path(name).expanduser())
-    elif "/" in name:
-        path = name
     else:
-        raise UnknownModelError(
-            f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
-            "not a local folder, and not a hub name of the form org/name"
-        )
+        path = name
     import torch
 
     if isinstance(dtype, str) and dtype != "auto":

@@ -123,8 +123,9 @@ def test_bench_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_tune_end_to_end():
+    # 16 tokens: k cycles 1,1,2,2,3 (a draft of 3 fits before max_new_tokens; a step's recorded k is what fits)
     r = run("tune", "--target", "smollm2-135m", "--drafter", "draft:smollm2-135m", "--k-max", "3",
-            "--categories", "coding", "--max-new-tokens", "12", "--json")
+            "--categories", "coding", "--max-new-tokens", "16", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert len(res["conditional_acceptance"]) == 3 and all(0 <= a <= 1 for a in res["conditional_acceptance"])
@@ -136,6 +137,11 @@ def test_tune_end_to_end():
     for k, m in res["measured"].items():
         assert m["identical_fraction"] == 1.0
         assert m["prediction_error"] == pytest.approx(res["predicted"][k] / m["speedup_decode"] - 1)
+    # a drafter that proposes at most 4 tokens (SmolLM2's Medusa heads): k is calibrated and predicted to 4 only
+    r = run("tune", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "--k-max", "6",
+            "--categories", "coding", "--max-new-tokens", "16", "--no-check", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert set(json.loads(r.stdout)["predicted"]) == {"1", "2", "3", "4"}
 
 
 def test_bench_bad_input():

@@ -111,6 +111,103 @@ def test_two_threads_on_one_target_never_share_hidden_states():
         assert results == alone
 
 
+def test_one_draft_model_drafter_serves_two_threads_at_once():
+    """One drafter object, two concurrent calls (a batch of two and a single prompt): each call works on its own
+    copy, so each gets what it gets alone, drafts included."""
+    target, draft = tiny_pair()
+    drafter = hf_spec.DraftModelDrafter(draft, 3)
+    batch = dict(input_ids=torch.tensor([[1, 1, 0, 5, 9, 5], [0, 4, 4, 8, 2, 6]]),
+                 attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]))
+    jobs = [batch, dict(input_ids=PROMPT)]
+
+    def run(inputs):
+        seen = []
+        out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
+                              drafter=drafter, event_listeners=[seen.append])
+        return out.sequences.tolist(), [e.drafted for e in seen]
+
+    alone = [run(j) for j in jobs]
+    for _ in range(3):
+        results, errors = [None, None], []
+
+        def worker(i):
+            try:
+                results[i] = run(jobs[i])
+            except Exception as e:  # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert results == alone
+
+
+def test_one_adaptive_k_configures_concurrent_calls():
+    """An AdaptiveK instance passed to calls in two threads: each call runs its own copy, so the bounds of one
+    call's drafter (2 Medusa heads) never leak into the other's (4 heads)."""
+    target = _target()
+    controller = AdaptiveK(k_max=8, dwell_steps=1, margin=0.0, off_below=0.0)
+    jobs = [MedusaDrafter(random_heads(n=2, seed=1).bind(target)), MedusaDrafter(random_heads(n=4, seed=2).bind(target))]
+    results, errors = [None, None], []
+
+    def worker(i):
+        try:
+            out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+                                  drafter=jobs[i], num_speculative_tokens=controller)
+            results[i] = max(out.stats.k_per_step)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert results[0] <= 2 and results[1] <= 4
+    assert controller.mode == "start"  # the instance itself was only copied
+
+
+def test_medusa_heads_shared_by_two_targets_draft_from_each_calls_target():
+    """One drafter, two targets of the same shape: each call projects with its own target's lm_head, and the
+    heads stay as they were (no rebinding of shared heads)."""
+    a, b = _target(seed=3), _target(seed=4)
+    heads = random_heads(n=3, seed=1).bind(a)
+    drafter = MedusaDrafter(heads)
+
+    def drafts(target):
+        seen = []
+        target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter,
+                        event_listeners=[seen.append])
+        return [e.drafted[0] for e in seen]
+
+    alone_a = drafts(a)
+    drafts(b)
+    assert drafts(a) == alone_a
+    assert heads.projection(0) is a.get_output_embeddings().weight
+
+
+def test_statistics_record_the_k_the_drafter_was_asked_for():
+    """A fixed k far above max_new_tokens: each step's k is what draft() got (capped by the budget), so the
+    per-position statistics stay as long as what could be drafted."""
+    target = _target()
+    seen = []
+
+    class Asked(hf_spec.NgramDrafter):
+        def draft(self, sequences, k):
+            seen.append(k)
+            return super().draft(sequences, k)
+
+    out = target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate,
+                          drafter=Asked(), num_speculative_tokens=10**6)
+    assert max(out.stats.k_per_step) <= 7 and len(out.stats.acceptance_by_position) <= 7
+    assert [k for k in out.stats.k_per_step if k] == seen
+
+
 def test_no_hook_is_left_on_the_target():
     target = _target()
     drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
@@ -131,7 +228,8 @@ def test_a_call_never_changes_the_drafters_k(make):
     seen = []
     target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter,
                     event_listeners=[seen.append])
-    assert {e.num_speculative_tokens for e in seen[1:]} == {5}
+    ks = [e.num_speculative_tokens for e in seen[1:]]
+    assert ks[0] == 5 and max(ks) == 5  # the drafter's own k (smaller only where max_new_tokens leaves less)
 
 
 # ---- what the drafter is told after each forward ------------------------------------------------------------
@@ -226,12 +324,26 @@ def test_registry_builds_every_spec_with_one_default_k():
             parse_drafter(bad)
     with pytest.raises(ValueError, match="integer >= 1"):
         make_drafter("ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match="chosen per call"):
+        make_drafter("ngram", num_speculative_tokens="auto")
+    import numpy as np
+
+    assert make_drafter("ngram", num_speculative_tokens=np.int64(4)).num_speculative_tokens == 4
+
+
+def test_a_drafters_default_k_fits_what_it_can_propose():
+    class Two(hf_spec.NgramDrafter):
+        max_num_speculative_tokens = 2
+
+    assert Two().num_speculative_tokens == 2  # the default 3, capped
+    with pytest.raises(ValueError, match="at most 2 tokens"):
+        Two(3)
 
 
 def test_register_drafter_refuses_bad_names():
     from hf_spec.drafters.registry import register_drafter
 
-    for name in ("", "a:b", "none", "ngram"):
+    for name in ("", "a:b", "none", "ngram", " mine", "mine\n", "a,b", 5):
         with pytest.raises(ValueError, match="cannot register"):
             register_drafter(name, hf_spec.NgramDrafter)
     with pytest.raises(TypeError):
@@ -299,10 +411,55 @@ def test_the_docs_toy_drafter_is_one_file_and_one_registry_line(tiny_target_dir,
 
 
 def test_bad_drafter_specs_fail_before_any_model_loads(capsys):
+    from pathlib import Path
+
     from hf_spec import cli
 
-    for spec, msg in [("repeat", "unknown drafter 'repeat'"), ("medusa:/no/such/heads", "no Medusa heads"),
-                      ("draft:", "needs MODEL")]:
-        assert cli.main(["generate", "--target", "no-such-model", "--drafter", spec, "--prompt", "hi"]) == 2
+    for spec, k, msg in [("no-such-drafter", [], "unknown drafter 'no-such-drafter'"),
+                         ("medusa:/no/such/heads", [], "no Medusa heads"), ("draft:", [], "needs MODEL"),
+                         ("draft:no-such-draft", [], "unknown model 'no-such-draft'"),
+                         ("medusa:smollm2-135m", ["-k", "9"], "has 4 heads"),
+                         ("medusa:" + str(Path(__file__).parent), [], "not a folder of Medusa heads")]:
+        assert cli.main(["generate", "--target", "no-such-model", "--drafter", spec, "--prompt", "hi", *k]) == 2
         err = capsys.readouterr().err
-        assert msg in err and "unknown model" not in err, err
+        assert msg in err and "no-such-model" not in err, err  # the drafter's error, before the target's
+
+
+class Malformed(hf_spec.NgramDrafter):
+    """Returns whatever ``make(rows, k)`` returns (set by the test)."""
+
+    make = None
+
+    def draft(self, sequences, k):
+        return type(self).make(sequences, k)
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda s, k: (torch.zeros(len(s), k + 1, dtype=torch.long), torch.full((len(s),), k), None), "tokens of shape"),
+    (lambda s, k: (torch.zeros(len(s), k), torch.full((len(s),), k), None), "dtype torch.float32"),
+    (lambda s, k: (torch.zeros(k, dtype=torch.long), torch.full((len(s),), k), None), "tokens of shape"),
+    (lambda s, k: (torch.zeros(len(s), k, dtype=torch.long), torch.full((len(s),), k + 1), None), "num_drafted"),
+    (lambda s, k: (torch.full((len(s), k), 32), torch.full((len(s),), k), None), "outside the target's vocabulary"),
+    (lambda s, k: (torch.zeros(len(s), k, dtype=torch.long), torch.full((len(s),), k), torch.zeros(len(s), k)), "scores"),
+    (lambda s, k: [torch.zeros(len(s), k, dtype=torch.long)], "instead of a 3-tuple"),
+])
+def test_malformed_drafts_are_clear_errors(make, msg, monkeypatch):
+    """A drafter of one's own that returns the wrong thing gets a message naming it and the contract, not a
+    cryptic error inside the target or a silently wrong result."""
+    target = _target()
+    monkeypatch.setattr(Malformed, "make", staticmethod(make))
+    with pytest.raises(ValueError, match=msg) as info:
+        target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=Malformed(3))
+    assert "Malformed.draft" in str(info.value) and "Writing a drafter" in str(info.value)
+
+
+def test_a_sampling_drafter_without_scores_is_refused(monkeypatch):
+    """Without q the rule would treat sampled tokens as certain: the distribution would no longer be exact."""
+    target, draft = tiny_pair()
+    drafter = hf_spec.DraftModelDrafter(draft, 2)
+    original = hf_spec.DraftModelDrafter.draft
+    monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft", lambda self, s, k: original(self, s, k)[:2] + (None,))
+    with pytest.raises(ValueError, match="no scores under sampling"):
+        target.generate(PROMPT, max_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, drafter=drafter)
+    target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter)

@@ -130,9 +130,9 @@ class Recorder(torch.nn.Module):
         except AttributeError:
             return getattr(self.inner, name)
 
-    def forward(self, hidden, num_heads=None):
+    def forward(self, hidden, num_heads=None, **kwargs):
         self.seen.append(hidden.clone())
-        return self.inner(hidden, num_heads)
+        return self.inner(hidden, num_heads, **kwargs)
 
 
 def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position():

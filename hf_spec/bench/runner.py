@@ -83,7 +83,8 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
             if n.partition(":")[0] not in DRAFTERS and n != "none":
                 raise ValueError(f"unknown method {n!r}; use baseline, {', '.join(PEERS)} or a drafter: "
                                  f"{drafter_specs()}")
-            parsed = parse_drafter(n)  # a bad argument (a missing folder, no model name) fails here, with why
+            # a bad argument (a missing folder, no model name, k above a checkpoint's heads) fails here, with why
+            parsed = parse_drafter(n, max((k for k in ks if isinstance(k, int)), default=None))
             if parsed is None:
                 raise ValueError("'none' is plain decoding: the baseline, which every run includes")
             kind, arg = "hf-spec", str(parsed)
@@ -220,6 +221,7 @@ def run_bench(
     seed: int = 0,
     progress: bool = True,
     journal: str | Path | None = None,
+    drafters: dict | None = None,
 ) -> dict:
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
@@ -236,6 +238,8 @@ def run_bench(
             a run with the same settings and journal skips the prompts already there (resume after an
             interruption). Machine drift between the sessions hits every method alike, since methods are
             interleaved within each prompt.
+        drafters: drafters already built, by spec (the others are built with
+            :func:`~hf_spec.drafters.registry.make_drafter`).
 
     Returns:
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
@@ -260,9 +264,11 @@ def run_bench(
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     # one drafter per spec, shared by every k of a sweep: the loop passes each run's k
-    drafters = {m.spec: None for m in methods if m.kind == "hf-spec"}
-    for spec in drafters:
-        drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype)
+    given = drafters or {}
+    drafters = {m.spec: given.get(m.spec) for m in methods if m.kind == "hf-spec"}
+    for spec, drafter in drafters.items():
+        if drafter is None:
+            drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype)
     hf_draft = None
     hf_names = {m.spec for m in methods if m.kind == "hf-assisted"}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)

@@ -72,7 +72,7 @@ def run_tune(args) -> int:
     from ..bench import Method, decode_time_per_token, run_bench, summarize
     from ..device import draft_dtype as _draft_dtype
     from ..device import resolve_dtype
-    from ..drafters.registry import parse_drafter
+    from ..drafters.registry import make_drafter, parse_drafter
     from ..metrics import SpecStats
     from ..models import load
     from ..prompts import load_questions
@@ -89,23 +89,28 @@ def run_tune(args) -> int:
     dtype = resolve_dtype(args.dtype)
     draft_dtype = _draft_dtype(dtype, args.draft_dtype)
     target, tok = load(args.target, dtype=dtype)
+    drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=draft_dtype)  # built once, both runs
     spec = str(spec)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+    k_max = args.k_max
+    if drafter.max_num_speculative_tokens is not None and drafter.max_num_speculative_tokens < k_max:
+        k_max = drafter.max_num_speculative_tokens
+        log(f"{spec} proposes at most {k_max} tokens per step: k = 1..{k_max}")
 
     # 1. calibration: plain decoding beside the loop with k cycling 1..k_max, interleaved prompt by prompt.
     # From it: T_1 (the baseline's TPOT), the per-position acceptance, and the draft and verify cost of each k
     # as the loop spends them (isolated forwards miss the draft's catch-up and the bookkeeping).
-    log(f"calibrating: k = 1..{args.k_max} in turn, beside plain decoding, on {len(questions)} prompts ...")
-    cycle = CycleK(1, args.k_max)
-    methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{args.k_max}", "hf-spec", cycle, spec)]
+    log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {len(questions)} prompt(s) ...")
+    cycle = CycleK(1, k_max)
+    methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{k_max}", "hf-spec", cycle, spec)]
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
-                    progress=not args.json)
+                    progress=not args.json, drafters={spec: drafter})
     t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
     stats = SpecStats()
     for p in raw["prompts"]:
         stats.merge(p["runs"][methods[1].name]["stats"])
     acceptance = conditional_acceptance(stats) or [0.0]
-    c, verify = in_loop_costs(cycle.calls[1:], t_plain, args.k_max)  # calls[0]: run_bench's warm-up
+    c, verify = in_loop_costs(cycle.calls[1:], t_plain, k_max)  # calls[0]: run_bench's warm-up
     predicted = expected_speedups(acceptance, c, verify)
     k_best = max(predicted, key=lambda k: (predicted[k], -k))
     result = {"target": args.target, "drafter": args.drafter, "t_plain_s": t_plain,
@@ -113,11 +118,11 @@ def run_tune(args) -> int:
               "cost_ratio": c, "verify_cost": verify, "predicted": predicted, "best_k": k_best, "measured": {}}
     # 2. measured speedup at the best k and its neighbours, each beside its prediction
     if not args.no_check:
-        ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= args.k_max})
+        ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
         log(f"measuring the speedup at k = {ks} ...")
         methods = [Method("baseline", "baseline")] + [Method(f"{spec}@k={k}", "hf-spec", k, spec) for k in ks]
         raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
-                        progress=not args.json)
+                        progress=not args.json, drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
         for m in methods[1:]:
             decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]

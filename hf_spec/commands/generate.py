@@ -24,7 +24,7 @@ def run(args) -> int:
     from ..models import load
 
     _check_args(args)
-    spec = parse_drafter(args.drafter)  # a bad spec fails before any model loads
+    spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype)
     model, tokenizer = load(args.target, dtype=dtype, quantization=args.quantization)

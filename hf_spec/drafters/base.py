@@ -26,6 +26,7 @@ or ``assistant_model=`` after :func:`hf_spec.enable_drafters`.
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,13 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
 
 def check_num_speculative_tokens(k) -> int:
-    """Validate k (``num_speculative_tokens``): an int >= 1.
+    """Validate k (``num_speculative_tokens``): an integer >= 1 (numpy integers too); returns it as an ``int``.
 
     Raises:
         ValueError: k is not an integer >= 1.
     """
+    if not isinstance(k, bool) and isinstance(k, numbers.Integral):
+        k = int(k)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(
             f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (3 is a good "
@@ -95,11 +98,12 @@ class Drafter:
 
     Args:
         num_speculative_tokens: this drafter's k (>= 1): used when a call gives none, and the k that
-            ``"auto"`` measures after k = 1. Default :data:`DEFAULT_NUM_SPECULATIVE_TOKENS`. A call never
-            changes it: the loop passes each step's k to :meth:`draft`.
+            ``"auto"`` measures after k = 1. Default :data:`DEFAULT_NUM_SPECULATIVE_TOKENS`, or
+            :attr:`max_num_speculative_tokens` where that is smaller. A call never changes it: the loop passes
+            each step's k to :meth:`draft`.
 
     Raises:
-        ValueError: ``num_speculative_tokens`` < 1.
+        ValueError: ``num_speculative_tokens`` < 1, or above :attr:`max_num_speculative_tokens`.
 
     Subclasses implement :meth:`draft` and, as they need them, :meth:`prepare` (per-call state),
     :meth:`update` (what the target computed), :meth:`select_rows` (per-row state when rows leave the batch),
@@ -120,15 +124,23 @@ class Drafter:
     spec_argument: str | None = None
 
     def __init__(self, num_speculative_tokens: int | None = None):
-        k = DEFAULT_NUM_SPECULATIVE_TOKENS if num_speculative_tokens is None else num_speculative_tokens
+        cap = self.max_num_speculative_tokens
+        if num_speculative_tokens is None:
+            k = DEFAULT_NUM_SPECULATIVE_TOKENS if cap is None else min(DEFAULT_NUM_SPECULATIVE_TOKENS, cap)
+        else:
+            k = check_num_speculative_tokens(num_speculative_tokens)
+            if cap is not None and k > cap:
+                raise ValueError(f"num_speculative_tokens={k} but this {self.method} drafter proposes at most {cap} "
+                                 f"tokens per step; use k <= {cap}")
         self.num_speculative_tokens = check_num_speculative_tokens(k)
         self.generation_config: GenerationConfig | None = None
         self.logits_processor = LogitsProcessorList()
 
     # ---- the registry ---------------------------------------------------------------------------
     @classmethod
-    def check_spec(cls, argument: str | None) -> None:
-        """Check a drafter spec's argument before any model loads (e.g. that a folder exists).
+    def check_spec(cls, argument: str | None, num_speculative_tokens: int | None = None) -> None:
+        """Check a drafter spec's argument (and the k it will be built with, when known) before any model
+        loads: e.g. that a folder exists, or that k fits a checkpoint.
 
         Raises:
             ValueError: a bad argument, with what to give instead.

@@ -61,6 +61,14 @@ class DraftModelDrafter(Drafter):
         self._cached: list[torch.LongTensor] = []
 
     @classmethod
+    def check_spec(cls, argument, num_speculative_tokens=None) -> None:
+        """``draft:MODEL``: MODEL must be an offline short name, a folder or a hub name (checked, not loaded)."""
+        super().check_spec(argument, num_speculative_tokens)
+        from ..models import check_name
+
+        check_name(argument)
+
+    @classmethod
     def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
         """``draft:MODEL``: load MODEL (an offline short name, a folder or a hub name) with
         :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``), on

@@ -51,8 +51,9 @@ class MedusaDrafter(Drafter):
         if not isinstance(heads, MedusaHeads):
             heads = MedusaHeads.from_pretrained(heads)
         self.heads = heads
+        if num_speculative_tokens is not None:
+            self._check_k(num_speculative_tokens)  # names the head count
         super().__init__(heads.num_heads if num_speculative_tokens is None else num_speculative_tokens)
-        self._check_k(self.num_speculative_tokens)
         self._last: torch.Tensor | None = None  # [B, H]: per row, the hidden state that predicted its newest token
 
     @property
@@ -69,24 +70,36 @@ class MedusaDrafter(Drafter):
                 "(hf-spec train-medusa --heads N)")
 
     @classmethod
-    def check_spec(cls, argument) -> None:
-        """``medusa:DIR``: DIR must be a heads folder or the name of shipped or cached heads."""
-        super().check_spec(argument)
-        from ..medusa.heads import heads_path
+    def check_spec(cls, argument, num_speculative_tokens=None) -> None:
+        """``medusa:DIR``: DIR must be a heads folder (or the name of shipped or cached heads) with a config and
+        weights, and a given k at most its head count (read from the config; nothing is loaded)."""
+        super().check_spec(argument, num_speculative_tokens)
+        from ..medusa.heads import WEIGHTS_PT, WEIGHTS_SAFETENSORS, _read_config, heads_path
 
-        heads_path(argument)  # MedusaCheckpointError (a ValueError) names what is missing
+        path = heads_path(argument)  # MedusaCheckpointError (a ValueError) names what is missing
+        if not ((path / WEIGHTS_SAFETENSORS).is_file() or (path / WEIGHTS_PT).is_file()):
+            raise ValueError(f"{path} has no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}: not a folder of Medusa heads")
+        heads = _read_config(path).get("medusa_num_heads")
+        if isinstance(num_speculative_tokens, int) and isinstance(heads, int) and num_speculative_tokens > heads:
+            raise ValueError(f"k={num_speculative_tokens} but the Medusa checkpoint {path} has {heads} heads (one "
+                             f"drafted token each); use k <= {heads}, or leave k unset (all heads)")
 
     @classmethod
     def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
         """``medusa:DIR``: the heads in DIR (or shipped / cached under that name), checked against and bound
         to ``target``; k defaults to the number of heads."""
-        return cls(MedusaHeads.from_pretrained(argument, target=target), num_speculative_tokens)
+        heads = MedusaHeads.from_pretrained(argument, target=target)
+        if target is not None:
+            heads.to(target.get_output_embeddings().weight.device)
+        return cls(heads, num_speculative_tokens)
 
     def prepare(self, target, input_ids) -> None:
-        self.heads.bind(target)  # raises MedusaCheckpointError on a size mismatch
-        device = target.get_output_embeddings().weight.device
-        if next(self.heads.parameters()).device != device:
-            self.heads.to(device)
+        self.heads.check_target(target)  # MedusaCheckpointError on a size mismatch
+        # this call's projection: the shared heads are never rebound, so calls on other targets cannot change it
+        self._lm_head = target.get_output_embeddings().weight
+        if next(self.heads.parameters()).device != self._lm_head.device:
+            raise ValueError(f"the Medusa heads are on {next(self.heads.parameters()).device}, the target's lm_head on "
+                             f"{self._lm_head.device}: put them on one device (heads.to(device)) before generating")
         self._last = None
 
     def update(self, verified: VerifyOutput) -> None:
@@ -102,7 +115,7 @@ class MedusaDrafter(Drafter):
             raise RuntimeError("MedusaDrafter.draft() before the target's first forward: the loop calls start() "
                                "and update() first")
         self._check_k(k)
-        logits = self.heads(self._last, num_heads=k).float()  # [B, k, V]
+        logits = self.heads(self._last, num_heads=k, lm_head=self._lm_head).float()  # [B, k, V]
         seqs = [s.to(logits.device) for s in sequences]
         tokens, scores = [], []
         for i in range(k):

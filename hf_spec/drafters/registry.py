@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Drafter
+import re
+
+from .base import Drafter, check_num_speculative_tokens
 from .draft_model import DraftModelDrafter
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
@@ -47,8 +49,13 @@ def drafter_specs() -> str:
     return " | ".join(["none"] + forms)
 
 
-def parse_drafter(spec: str) -> DrafterSpec | None:
+def parse_drafter(spec: str, num_speculative_tokens: int | None = None) -> DrafterSpec | None:
     """Parse and check a drafter spec before any model loads; ``"none"`` gives ``None`` (plain decoding).
+
+    Args:
+        spec: the spec text.
+        num_speculative_tokens: the k the drafter will be built with, when known, for checks such as a
+            Medusa checkpoint's head count.
 
     Raises:
         ValueError: an unknown name, a missing or unexpected argument, or an argument the drafter refuses
@@ -62,7 +69,7 @@ def parse_drafter(spec: str) -> DrafterSpec | None:
         raise ValueError(f"unknown drafter {spec!r}; use {drafter_specs()}")
     parsed = DrafterSpec(name, argument if sep else None)
     try:
-        parsed.cls.check_spec(parsed.argument)
+        parsed.cls.check_spec(parsed.argument, num_speculative_tokens)
     except ValueError as e:
         raise ValueError(f"drafter {spec!r}: {e}") from e
     return parsed
@@ -83,7 +90,12 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
     Raises:
         ValueError: a bad spec or k (before any model loads), or a drafter that cannot serve ``target``.
     """
-    parsed = parse_drafter(spec) if not isinstance(spec, DrafterSpec) and spec is not None else spec
+    if isinstance(num_speculative_tokens, str) and num_speculative_tokens == "auto":
+        raise ValueError('num_speculative_tokens="auto" is chosen per call: build the drafter with its own k (or '
+                         'none) and pass num_speculative_tokens="auto" to generate')
+    if num_speculative_tokens is not None:
+        check_num_speculative_tokens(num_speculative_tokens)
+    parsed = parse_drafter(spec, num_speculative_tokens) if not isinstance(spec, DrafterSpec) and spec is not None else spec
     if parsed is None:
         return None
     return parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
@@ -94,12 +106,16 @@ def register_drafter(name: str, cls: type[Drafter]) -> None:
     """Make ``name`` (or ``name:ARGUMENT``) a drafter spec for ``cls`` everywhere specs are read (the CLI, the
     benchmark, the demo), e.g. for a drafter in your own package.
 
+    Only this process sees it: the ``hf-spec`` command reads :data:`DRAFTERS` as the package defines it, so a
+    drafter for the command line needs its line there.
+
     Raises:
-        ValueError: ``name`` is taken, empty, contains ``:`` or is ``none``; TypeError: ``cls`` is no Drafter.
+        ValueError: ``name`` is taken, ``none``, or not letters, digits, ``_``, ``.``, ``-`` (a spec is
+            ``name:argument``, and ``--methods`` separates specs with commas); TypeError: ``cls`` is no Drafter.
     """
     if not (isinstance(cls, type) and issubclass(cls, Drafter)):
         raise TypeError(f"{cls!r} is not a subclass of hf_spec.Drafter")
-    if not name or ":" in name or name == "none" or name in DRAFTERS:
-        raise ValueError(f"cannot register a drafter as {name!r}: empty, contains ':', 'none' or already taken "
-                         f"({', '.join(DRAFTERS)})")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == "none" or name in DRAFTERS:
+        raise ValueError(f"cannot register a drafter as {name!r}: use letters, digits, '_', '.', '-', not 'none' and "
+                         f"none of the names taken ({', '.join(DRAFTERS)})")
     DRAFTERS[name] = cls

@@ -205,19 +205,23 @@ class MedusaHeads(nn.Module):
             outs.append(h)
         return torch.stack(outs, dim=-2)
 
-    def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None,
+                lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of the heads.
 
         Args:
             hidden_states: ``[..., H]``, the target's last hidden states (after its final norm).
             num_heads: use only the first n heads (default all).
+            lm_head: ``[V, H]``, the target's ``lm_head`` weight for ``shared-lm-head`` heads, given per call
+                (the drafter does, so heads shared by several targets never depend on which was bound last);
+                default: the bound target's.
 
         Returns:
             ``[..., n, V]``: head i's logits for the token i + 2 positions after each hidden state's.
         """
         x = self.hidden(hidden_states, num_heads)
         if self.shares_lm_head:
-            W = self.projection(0)
+            W = lm_head if lm_head is not None else self.projection(0)
             return _project(x.to(W.dtype), W)
         return torch.stack([_project(x[..., i, :], self.projection(i)) for i in range(x.shape[-2])], dim=-2)
 
