@@ -35,6 +35,25 @@ class Schedule(AdaptiveK):
         return k, None
 
 
+def in_threads(fn, jobs: list[tuple]) -> list:
+    """``fn(*job)`` for every job, each in its own thread, all at once; the results in order (errors raised)."""
+    results, errors = [None] * len(jobs), []
+
+    def worker(i):
+        try:
+            results[i] = fn(*jobs[i])
+        except Exception as e:  # noqa: BLE001  (raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
 def _target(seed=3):
     target = tiny_llama(seed=seed)
     target.generation_config.eos_token_id = None  # run to max_new_tokens
@@ -94,21 +113,7 @@ def test_two_threads_on_one_target_never_share_hidden_states():
 
     alone = [run(d, p) for d, p in jobs]
     for _ in range(3):
-        results, errors = [None, None], []
-
-        def worker(i):
-            try:
-                results[i] = run(*jobs[i])
-            except Exception as e:  # noqa: BLE001  (reported below)
-                errors.append(e)
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
-        assert results == alone
+        assert in_threads(run, jobs) == alone
 
 
 def test_one_draft_model_drafter_serves_two_threads_at_once():
@@ -128,21 +133,7 @@ def test_one_draft_model_drafter_serves_two_threads_at_once():
 
     alone = [run(j) for j in jobs]
     for _ in range(3):
-        results, errors = [None, None], []
-
-        def worker(i):
-            try:
-                results[i] = run(jobs[i])
-            except Exception as e:  # noqa: BLE001  (reported below)
-                errors.append(e)
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
-        assert results == alone
+        assert in_threads(run, [(j,) for j in jobs]) == alone
 
 
 def test_one_adaptive_k_configures_concurrent_calls():
@@ -151,24 +142,14 @@ def test_one_adaptive_k_configures_concurrent_calls():
     target = _target()
     controller = AdaptiveK(k_max=8, dwell_steps=1, margin=0.0, off_below=0.0)
     jobs = [MedusaDrafter(random_heads(n=2, seed=1).bind(target)), MedusaDrafter(random_heads(n=4, seed=2).bind(target))]
-    results, errors = [None, None], []
-
-    def worker(i):
-        try:
-            out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
-                                  drafter=jobs[i], num_speculative_tokens=controller)
-            results[i] = max(out.stats.k_per_step)
-        except Exception as e:  # noqa: BLE001  (reported below)
-            errors.append(e)
+    def run(drafter):
+        out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+                              drafter=drafter, num_speculative_tokens=controller)
+        return max(out.stats.k_per_step)
 
     for _ in range(3):
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors
-        assert results[0] <= 2 and results[1] <= 4
+        most = in_threads(run, [(d,) for d in jobs])
+        assert most[0] <= 2 and most[1] <= 4
     assert controller.mode == "start"  # the instance itself was only copied
 
 
