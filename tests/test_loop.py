@@ -96,6 +96,27 @@ def test_enable_drafters_entry_point_gives_the_loop_result(tiny):
     assert torch.equal(plain, type(target).generate(target, PROMPT, max_new_tokens=16, do_sample=False))
 
 
+def test_enable_drafters_survives_deepcopy_and_pickle():
+    """Before, the wrapper closed over the original model: a deep copy ran the original's weights, silently, and
+    the model no longer pickled."""
+    import copy
+    import pickle
+
+    target = tiny_llama(seed=5)
+    hf_spec.enable_drafters(target)
+    clone = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    ref = type(clone).generate(clone, PROMPT, max_new_tokens=12, do_sample=False)
+    assert not torch.equal(ref, type(target).generate(target, PROMPT, max_new_tokens=12, do_sample=False))
+    assert torch.equal(clone.generate(PROMPT, max_new_tokens=12, do_sample=False,
+                                      assistant_model=hf_spec.NgramDrafter(3)), ref)
+    back = pickle.loads(pickle.dumps(target))
+    assert torch.equal(back.generate(PROMPT, max_new_tokens=12, do_sample=False),
+                       target.generate(PROMPT, max_new_tokens=12, do_sample=False))
+
+
 def test_crop_cache_to_uses_transformers_crop_semantics(tiny):
     """Fails loudly if transformers changes DynamicCache.crop (negative count of tokens in 5.x)."""
     from transformers import DynamicCache
