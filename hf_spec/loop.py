@@ -31,8 +31,8 @@ from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
-from .processors import process_scores, reads_sequences
-from .ragged import RaggedCache
+from .processors import process_scores, reads_sequences, row_processors
+from .ragged import RaggedCache, check_sliding_window, sliding_window
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -233,9 +233,12 @@ def speculative_decode(
     t0 = time.perf_counter()
     # ---- prefill: the target alone chooses each row's first token --------------------------------
     ragged = RaggedCache(model.config, bsz, device, cache)
+    window = sliding_window(ragged.cache) if session is not None else None
+    check_sliding_window(window, max_length, "target")  # before any work where the call's length tells
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
-    scores = process_scores(logits_processor, rows, out.logits[:, -1].float())
+    row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
+    scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
     emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
     none = input_ids.new_zeros(bsz)
@@ -255,7 +258,7 @@ def speculative_decode(
             index = torch.tensor(keep, dtype=torch.long, device=device)
             ragged.select(index)
             if session is not None:
-                session.select_rows(index)
+                session.keep_rows(index)
             active = [active[i] for i in keep]
         step += 1
         n_rows = len(active)
@@ -282,6 +285,7 @@ def speculative_decode(
         last = torch.stack([rows[b][-1] for b in active])[:, None]
         block = torch.cat([last, drafts], dim=1)
         cols = torch.arange(k + 1, device=device)
+        check_sliding_window(window, ragged.valid.shape[1] + k + 1, "target")  # a batch's holes take slots too
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
             out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1,
@@ -291,7 +295,8 @@ def speculative_decode(
             target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
         else:
             target_scores = torch.stack(
-                [process_scores(logits_processor, [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
+                [process_scores([row_procs[b] for b in active],
+                                [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
                                 logits[:, j]) for j in range(k + 1)], dim=1)
         if do_sample:
             q = draft_scores.to(device).float().softmax(dim=-1) if draft_scores is not None else None

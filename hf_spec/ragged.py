@@ -18,7 +18,32 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = ["RaggedCache", "crop_cache_to"]
+__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "check_sliding_window"]
+
+
+def sliding_window(cache) -> int | None:
+    """The smallest attention window of a ``transformers`` cache's layers (``DynamicSlidingWindowLayer``: Mistral,
+    Gemma 2/3, Phi-3, Qwen2 with ``use_sliding_window``), or ``None`` when every layer attends to everything."""
+    windows = [w for w in (getattr(layer, "sliding_window", None) for layer in getattr(cache, "layers", [])) if w]
+    return min(windows) if windows else None
+
+
+def check_sliding_window(window: int | None, slots: int, who: str) -> None:
+    """Refuse a cache of ``slots`` positions past a sliding ``window``.
+
+    Rolling a cache back after a rejection needs every slot it holds: a sliding-window layer drops the oldest
+    ones once the window is full, and its mask counts slots, not the row's tokens (a batch's holes), so
+    speculative decoding is exact only while the cache stays within the window.
+
+    Raises:
+        ValueError: ``slots > window``, saying what to do instead.
+    """
+    if window is not None and slots > window:
+        raise ValueError(
+            f"the {who} attends within a sliding window of {window} tokens and this call needs {slots} cache "
+            f"positions: speculative decoding rolls caches back, which a sliding-window cache cannot do past its "
+            f"window. Keep prompt + max_new_tokens within {window} tokens (a batch's left padding and rejected "
+            "drafts count too), or decode this call without a drafter")
 
 
 def crop_cache_to(cache, length: int) -> None:

@@ -151,3 +151,32 @@ def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
             assert sum(s.num_accepted_tokens for s in out.stats.per_row.values()) == out.stats.num_accepted_tokens
             # a finished row leaves the batch: later events list only the running rows
             assert [len(e.rows) for e in events] == sorted((len(e.rows) for e in events), reverse=True)
+
+
+@pytest.mark.parametrize("name", ["draft", "ngram", "medusa"])
+def test_batch_processors_with_per_row_state_match_batched_generate(name):
+    """The processors a shipped generation config or a call turns on that keep per-row state: a repetition
+    penalty (which ignores each row's own left padding), the encoder penalties (each row's prompt),
+    ``prefix_allowed_tokens_fn`` (each row's batch id). Greedy output equals the target's own batched
+    ``generate`` row by row, with one row leaving the batch early on EOS; before, the batch crashed
+    (``Incompatible prompt_ignore_length batch size``) or decoded every row under row 0's constraint."""
+    from .test_medusa import random_heads
+
+    target, draft = tiny_pair()
+    prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 7], [0, 11, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]]
+    ids, mask = left_pad(prompts)
+    eos = [1, target.generate(torch.tensor([prompts[1]]), max_new_tokens=3, do_sample=False)[0, -1].item()]
+
+    def allowed(batch_id, sent):  # each row decodes from its own half of the vocabulary... and row 1 may end
+        return list(range(16)) if batch_id != 2 else list(range(16, 32)) + [eos[1]]
+
+    settings = [dict(repetition_penalty=1.3), dict(encoder_repetition_penalty=1.5, encoder_no_repeat_ngram_size=2),
+                dict(prefix_allowed_tokens_fn=allowed, repetition_penalty=1.1)]
+    for kw in settings:
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos, **kw)
+        for k in (1, 3):
+            drafter = {"draft": lambda: hf_spec.DraftModelDrafter(draft, k), "ngram": lambda: hf_spec.NgramDrafter(k),
+                       "medusa": lambda: hf_spec.MedusaDrafter(random_heads(n=3, seed=1).bind(target), k)}[name]()
+            out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos,
+                                  custom_generate=hf_spec.generate, drafter=drafter, **kw)
+            assert out.sequences.tolist() == ref.tolist(), (kw, k)

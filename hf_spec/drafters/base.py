@@ -6,7 +6,7 @@ budget near ``max_length``, verification, caches of the target)::
     session = drafter.start(target, input_ids, generation_config, logits_processor)  # a per-call copy
     session.update(VerifyOutput(...))                  # after the prefill forward
     while rows are running:
-        session.select_rows(index)                     # when rows finished (they leave the batch)
+        session.keep_rows(index)                       # rows finished (they leave the batch): select_rows
         tokens, num_drafted, scores = session.draft(rows, k)   # skipped on a plain step (k = 0)
         ... one target forward over [last token, drafts] per row, the acceptance rule ...
         session.update(VerifyOutput(...))              # after every forward, plain or speculative
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from ..processors import process_scores
+from ..processors import process_scores, row_processors
 
 __all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens"]
 
@@ -135,6 +135,7 @@ class Drafter:
         self.num_speculative_tokens = check_num_speculative_tokens(k)
         self.generation_config: GenerationConfig | None = None
         self.logits_processor = LogitsProcessorList()
+        self._row_processors: list[LogitsProcessorList] | None = None  # per call, per row (start)
 
     # ---- the registry ---------------------------------------------------------------------------
     @classmethod
@@ -182,8 +183,17 @@ class Drafter:
         session = copy.copy(self)
         session.generation_config = generation_config
         session.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        # each row's view of the processors' per-row state; rows reach draft() without their left padding
+        session._row_processors = row_processors(session.logits_processor, input_ids.shape[0], padded=False)
         session.prepare(target, input_ids)
         return session
+
+    def keep_rows(self, rows: torch.LongTensor) -> None:
+        """Keep only these batch rows (the loop calls it when rows finished): the per-row logits processors
+        here, then :meth:`select_rows` for the drafter's own state."""
+        if getattr(self, "_row_processors", None) is not None:
+            self._row_processors = [self._row_processors[int(r)] for r in rows]
+        self.select_rows(rows)
 
     def prepare(self, target, input_ids: torch.LongTensor) -> None:
         """Check compatibility with ``target`` and set per-call state (on the copy :meth:`start` made;
@@ -227,7 +237,10 @@ class Drafter:
         Returns:
             ``(token LongTensor[B], processed scores [B, V])``; the scores are q under sampling.
         """
-        processed = process_scores(self.logits_processor, sequences, logits)
+        processors = getattr(self, "_row_processors", None)
+        if processors is None or len(processors) != len(sequences):  # choose() outside a bound call
+            processors = self.logits_processor
+        processed = process_scores(processors, sequences, logits)
         if self.generation_config is not None and self.generation_config.do_sample:
             return torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1), processed
         return processed.argmax(dim=-1), processed

@@ -10,10 +10,11 @@ speculative sampling (Leviathan et al. 2023).
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
-from ..ragged import RaggedCache
+from ..ragged import RaggedCache, check_sliding_window, sliding_window
 from .base import Drafter
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
@@ -24,7 +25,10 @@ class VocabularyMismatchError(ValueError):
 
 
 def _vocab_size(model) -> int:
-    return model.config.get_text_config().vocab_size
+    """The rows of the model's logits: its ``lm_head``'s, else ``config.vocab_size``."""
+    head = model.get_output_embeddings()
+    return head.weight.shape[0] if head is not None and hasattr(head, "weight") else \
+        model.config.get_text_config().vocab_size
 
 
 class DraftModelDrafter(Drafter):
@@ -35,7 +39,10 @@ class DraftModelDrafter(Drafter):
         num_speculative_tokens: k, tokens drafted per step (>= 1; default
             :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`).
         tokenizer: optional, the target's tokenizer; when it and ``draft_tokenizer`` are both given their
-            vocabularies (token -> id maps) must be identical, a stricter check than equal vocabulary sizes.
+            vocabularies (token -> id maps) must be identical, and then the two models' logits may have
+            different numbers of rows (padded vocabularies: Qwen2.5-0.5B has 151,936, Qwen2.5-7B 152,064): the
+            draft's logits are cut or padded (with -inf, so q is 0 there) to the target's rows, which keeps
+            speculative sampling exact. Without both tokenizers the row counts must be equal.
         draft_tokenizer: optional, the draft's tokenizer (see ``tokenizer``).
 
     Raises:
@@ -57,6 +64,7 @@ class DraftModelDrafter(Drafter):
                 f"differs from the target tokenizer ({getattr(tokenizer, 'name_or_path', '?')}, {len(tokenizer)} tokens); "
                 "a draft model must use the target's tokenizer"
             )
+        self._same_tokenizer = tokenizer is not None and draft_tokenizer is not None
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
 
@@ -90,17 +98,25 @@ class DraftModelDrafter(Drafter):
                 "smaller dtype if memory is short"
             )
         t_vocab, d_vocab = _vocab_size(target), _vocab_size(self.draft_model)
-        if t_vocab != d_vocab:
+        if t_vocab != d_vocab and not self._same_tokenizer:
             raise VocabularyMismatchError(
-                f"vocabulary mismatch: target {target.name_or_path or type(target).__name__} has {t_vocab} tokens, "
-                f"draft {self.draft_model.name_or_path or type(self.draft_model).__name__} has {d_vocab}; "
-                "use a draft model trained with the target's tokenizer (e.g. a smaller model of the same family)"
+                f"vocabulary mismatch: target {target.name_or_path or type(target).__name__} has {t_vocab} logit rows, "
+                f"draft {self.draft_model.name_or_path or type(self.draft_model).__name__} has {d_vocab}. Models of "
+                "one family often pad their vocabularies differently: pass tokenizer= and draft_tokenizer= so that "
+                "hf-spec can compare the tokenizers (the command line does); a draft with another tokenizer cannot "
+                "draft for this target"
             )
+        self._target_vocab = t_vocab
         if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
+        self._window = sliding_window(DynamicCache(config=self.draft_model.config))
+        check_sliding_window(self._window, self.generation_config.max_length, "draft model")
         self._ragged = None  # sized at the first draft
         self._cached = []
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        return _pad_or_cut(logits, self._target_vocab)
 
     @property
     def device(self) -> torch.device:
@@ -124,12 +140,13 @@ class DraftModelDrafter(Drafter):
         self._ragged.truncate(keep)
         new = [s[int(n):] for s, n in zip(seqs, keep)]
         width = max(len(t) for t in new)
+        check_sliding_window(self._window, self._ragged.valid.shape[1] + width + k - 1, "draft model")
         block = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
         block_valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
         for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
             block[b, width - len(t):] = t
             block_valid[b, width - len(t):] = True
-        logits = self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float()
+        logits = self._fit(self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float())
         do_sample = bool(self.generation_config.do_sample)
         tokens, scores = [], []
         for i in range(k):
@@ -138,11 +155,21 @@ class DraftModelDrafter(Drafter):
             scores.append(processed)
             if i < k - 1:
                 seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
-                logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float()
+                logits = self._fit(self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float())
         self._cached = seqs
         out = torch.stack(tokens, dim=1)
         num_drafted = torch.full((len(seqs),), k, dtype=torch.long, device=self.device)
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
+
+
+def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
+    """``logits [B, V_draft]`` as ``[B, rows]``: extra draft rows cut (padding of the draft's vocabulary, which
+    the shared tokenizer never produces), missing ones filled with -inf (probability 0 under the draft)."""
+    if logits.shape[-1] == rows:
+        return logits
+    if logits.shape[-1] > rows:
+        return logits[..., :rows]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], rows - logits.shape[-1]), float("-inf"))], dim=-1)
 
 
 def _common_prefix(cached: torch.LongTensor, seq: torch.LongTensor) -> int:
