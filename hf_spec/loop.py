@@ -22,17 +22,18 @@ from typing import Iterable
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.utils import ModelOutput
 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK, make_controller
-from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens
+from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import RaggedCache, check_sliding_window, sliding_window
+from .ragged import RaggedCache
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -117,7 +118,7 @@ def generate(
     )
 
 
-def _validate(model, input_ids, drafter, generation_config, cache) -> None:
+def _validate(model, input_ids, drafter, generation_config, cache, logits_processor) -> None:
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
     if model.device.type == "meta":
@@ -129,6 +130,12 @@ def _validate(model, input_ids, drafter, generation_config, cache) -> None:
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
+    if drafter is not None and any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor)
+                                   for p in logits_processor or []):
+        raise ValueError(
+            "guidance_scale (classifier-free guidance) runs its own unconditional forward with a cache of its own, one "
+            "token at a time: it cannot score k+1 drafted positions at once nor roll back rejected ones; decode "
+            "with guidance_scale without a drafter (drafter=None)")
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(
             f"drafter must be an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...), got {type(drafter).__name__}"
@@ -176,7 +183,7 @@ def speculative_decode(
     costs nothing afterwards. Per-row cache state is kept by :class:`~hf_spec.ragged.RaggedCache`.
     ``stopping_criteria`` must end every row (it holds at least ``max_length``); ``generate`` builds it.
     """
-    _validate(model, input_ids, drafter, generation_config, cache)
+    _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     bsz = input_ids.shape[0]
     if streamer is not None and bsz > 1:
@@ -189,8 +196,7 @@ def speculative_decode(
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
     max_length = generation_config.max_length
-    vocab_size = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
-        else model.config.get_text_config().vocab_size
+    vocab_size = logit_rows(model)
     # the drafter of this call: a copy bound to it, so the caller's object never changes
     session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
     listeners = [stats := SpecStats()] + list(event_listeners or [])
@@ -232,9 +238,8 @@ def speculative_decode(
 
     t0 = time.perf_counter()
     # ---- prefill: the target alone chooses each row's first token --------------------------------
-    ragged = RaggedCache(model.config, bsz, device, cache)
-    window = sliding_window(ragged.cache) if session is not None else None
-    check_sliding_window(window, max_length, "target")  # before any work where the call's length tells
+    # a speculative call rolls its cache back: RaggedCache refuses one past a sliding window, before any work
+    ragged = RaggedCache(model.config, bsz, device, cache, max_slots=max_length if session is not None else None)
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
@@ -285,7 +290,6 @@ def speculative_decode(
         last = torch.stack([rows[b][-1] for b in active])[:, None]
         block = torch.cat([last, drafts], dim=1)
         cols = torch.arange(k + 1, device=device)
-        check_sliding_window(window, ragged.valid.shape[1] + k + 1, "target")  # a batch's holes take slots too
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
             out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1,

@@ -64,6 +64,15 @@ class RaggedCache:
         batch_size: B.
         device: where the masks live (the model's device).
         cache: an empty ``DynamicCache`` to fill (e.g. the one ``generate`` prepared); a new one when ``None``.
+        max_slots: the most cache positions this call can need (prompt width + new tokens), given when the
+            cache will be rolled back (speculative decoding): a sliding-window cache is then refused here, before
+            any work, if that passes its window, and every forward checks it (a batch's holes take slots too).
+            ``None``: no rollback planned, no check (plain decoding past a window is exact).
+        name: what the messages call the model (``"target"``, ``"draft model"``).
+
+    Raises:
+        ValueError: (here or from :meth:`forward`) a rolled-back cache past a sliding window
+            (:func:`check_sliding_window`).
 
     Attributes:
         cache: the wrapped ``DynamicCache``.
@@ -71,10 +80,14 @@ class RaggedCache:
         lengths: ``LongTensor[B]``, the number of valid slots per row (the next position id).
     """
 
-    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None):
+    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None, max_slots: int | None = None,
+                 name: str = "target"):
         self.cache = cache if cache is not None else DynamicCache(config=config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.window = sliding_window(self.cache) if max_slots is not None else None
+        self.name = name
+        check_sliding_window(self.window, max_slots or 0, name)
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 **model_kwargs):
@@ -93,6 +106,7 @@ class RaggedCache:
         """
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
+        check_sliding_window(self.window, self.valid.shape[1] + block.shape[1], self.name)
         block_valid = block_valid.to(self.valid.device)
         offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)

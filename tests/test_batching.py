@@ -180,3 +180,16 @@ def test_batch_processors_with_per_row_state_match_batched_generate(name):
             out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos,
                                   custom_generate=hf_spec.generate, drafter=drafter, **kw)
             assert out.sequences.tolist() == ref.tolist(), (kw, k)
+
+
+def test_classifier_free_guidance_is_refused_with_a_drafter():
+    """guidance_scale builds a processor with its own unconditional cache, fed one token per call: it cannot
+    follow k+1 verified positions or a rollback, so a drafter with it is refused (plain decoding still runs)."""
+    target, draft = tiny_pair()
+    with pytest.raises(ValueError, match="classifier-free guidance"):
+        target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5,
+                        custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 2))
+    ref = target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5)
+    out = target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5,
+                          custom_generate=hf_spec.generate, drafter=None)
+    assert out.sequences.tolist() == ref.tolist()

@@ -34,7 +34,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from ..processors import process_scores, row_processors
 
-__all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens"]
+__all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens", "logit_rows"]
 
 #: k when neither the call nor the drafter says otherwise (a Medusa checkpoint defaults to its head count).
 #: 3 was the best fixed k of the draft model and of n-gram lookup on Spec-Bench on this project's CPUs
@@ -56,6 +56,14 @@ def check_num_speculative_tokens(k) -> int:
             "start), \"auto\" to let hf-spec choose per step, or drafter=None to decode without speculation"
         )
     return k
+
+
+def logit_rows(model) -> int:
+    """The number of rows of a causal LM's logits: its ``lm_head``'s (padded vocabularies included), else
+    ``config.vocab_size``."""
+    head = model.get_output_embeddings()
+    return head.weight.shape[0] if head is not None and hasattr(head, "weight") else \
+        model.config.get_text_config().vocab_size
 
 
 @dataclass
@@ -132,7 +140,7 @@ class Drafter:
             if cap is not None and k > cap:
                 raise ValueError(f"num_speculative_tokens={k} but this {self.method} drafter proposes at most {cap} "
                                  f"tokens per step; use k <= {cap}")
-        self.num_speculative_tokens = check_num_speculative_tokens(k)
+        self.num_speculative_tokens = k
         self.generation_config: GenerationConfig | None = None
         self.logits_processor = LogitsProcessorList()
         self._row_processors: list[LogitsProcessorList] | None = None  # per call, per row (start)
@@ -191,7 +199,7 @@ class Drafter:
     def keep_rows(self, rows: torch.LongTensor) -> None:
         """Keep only these batch rows (the loop calls it when rows finished): the per-row logits processors
         here, then :meth:`select_rows` for the drafter's own state."""
-        if getattr(self, "_row_processors", None) is not None:
+        if self._row_processors is not None:
             self._row_processors = [self._row_processors[int(r)] for r in rows]
         self.select_rows(rows)
 
@@ -237,9 +245,7 @@ class Drafter:
         Returns:
             ``(token LongTensor[B], processed scores [B, V])``; the scores are q under sampling.
         """
-        processors = getattr(self, "_row_processors", None)
-        if processors is None or len(processors) != len(sequences):  # choose() outside a bound call
-            processors = self.logits_processor
+        processors = self._row_processors if self._row_processors is not None else self.logits_processor
         processed = process_scores(processors, sequences, logits)
         if self.generation_config is not None and self.generation_config.do_sample:
             return torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1), processed

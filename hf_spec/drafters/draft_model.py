@@ -10,25 +10,17 @@ speculative sampling (Leviathan et al. 2023).
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
-from ..ragged import RaggedCache, check_sliding_window, sliding_window
-from .base import Drafter
+from ..ragged import RaggedCache
+from .base import Drafter, logit_rows
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
 
 
 class VocabularyMismatchError(ValueError):
     """Draft and target do not share a vocabulary."""
-
-
-def _vocab_size(model) -> int:
-    """The rows of the model's logits: its ``lm_head``'s, else ``config.vocab_size``."""
-    head = model.get_output_embeddings()
-    return head.weight.shape[0] if head is not None and hasattr(head, "weight") else \
-        model.config.get_text_config().vocab_size
 
 
 class DraftModelDrafter(Drafter):
@@ -97,7 +89,7 @@ class DraftModelDrafter(Drafter):
                 "from disk would cost more than it saves; load it whole on one device (no device_map), in a "
                 "smaller dtype if memory is short"
             )
-        t_vocab, d_vocab = _vocab_size(target), _vocab_size(self.draft_model)
+        t_vocab, d_vocab = logit_rows(target), logit_rows(self.draft_model)
         if t_vocab != d_vocab and not self._same_tokenizer:
             raise VocabularyMismatchError(
                 f"vocabulary mismatch: target {target.name_or_path or type(target).__name__} has {t_vocab} logit rows, "
@@ -110,13 +102,10 @@ class DraftModelDrafter(Drafter):
         if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
-        self._window = sliding_window(DynamicCache(config=self.draft_model.config))
-        check_sliding_window(self._window, self.generation_config.max_length, "draft model")
-        self._ragged = None  # sized at the first draft
-        self._cached = []
-
-    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        return _pad_or_cut(logits, self._target_vocab)
+        # the draft's own cache, rolled back to what it shares with the accepted sequence at every draft
+        self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device,
+                                   max_slots=self.generation_config.max_length, name="draft model")
+        self._cached = [row[:0] for row in input_ids.to(self.device)]
 
     @property
     def device(self) -> torch.device:
@@ -132,21 +121,18 @@ class DraftModelDrafter(Drafter):
         if self.generation_config is None:
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
-        if self._ragged is None or len(self._cached) != len(seqs):
-            self._ragged = RaggedCache(self.draft_model.config, len(seqs), self.device)
-            self._cached = [s[:0] for s in seqs]
         # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
         keep = torch.tensor([_common_prefix(c, s) for c, s in zip(self._cached, seqs)], dtype=torch.long)
         self._ragged.truncate(keep)
         new = [s[int(n):] for s, n in zip(seqs, keep)]
         width = max(len(t) for t in new)
-        check_sliding_window(self._window, self._ragged.valid.shape[1] + width + k - 1, "draft model")
         block = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
         block_valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
         for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
             block[b, width - len(t):] = t
             block_valid[b, width - len(t):] = True
-        logits = self._fit(self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float())
+        logits = _pad_or_cut(self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float(),
+                             self._target_vocab)
         do_sample = bool(self.generation_config.do_sample)
         tokens, scores = [], []
         for i in range(k):
@@ -155,7 +141,8 @@ class DraftModelDrafter(Drafter):
             scores.append(processed)
             if i < k - 1:
                 seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
-                logits = self._fit(self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float())
+                logits = _pad_or_cut(self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float(),
+                                     self._target_vocab)
         self._cached = seqs
         out = torch.stack(tokens, dim=1)
         num_drafted = torch.full((len(seqs),), k, dtype=torch.long, device=self.device)

@@ -114,7 +114,6 @@ class MedusaDrafter(Drafter):
         if self._last is None or self._last.shape[0] != len(sequences):
             raise RuntimeError("MedusaDrafter.draft() before the target's first forward: the loop calls start() "
                                "and update() first")
-        self._check_k(k)
         logits = self.heads(self._last, num_heads=k, lm_head=self._lm_head).float()  # [B, k, V]
         seqs = [s.to(logits.device) for s in sequences]
         tokens, scores = [], []
