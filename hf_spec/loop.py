@@ -238,8 +238,7 @@ def speculative_decode(
 
     t0 = time.perf_counter()
     # ---- prefill: the target alone chooses each row's first token --------------------------------
-    # a speculative call rolls its cache back: RaggedCache refuses one past a sliding window, before any work
-    ragged = RaggedCache(model.config, bsz, device, cache, max_slots=max_length if session is not None else None)
+    ragged = RaggedCache(model.config, bsz, device, cache)
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "check_sliding_window"]
+__all__ = ["RaggedCache", "crop_cache_to", "sliding_window"]
 
 
 def sliding_window(cache) -> int | None:
@@ -28,22 +28,9 @@ def sliding_window(cache) -> int | None:
     return min(windows) if windows else None
 
 
-def check_sliding_window(window: int | None, slots: int, who: str) -> None:
-    """Refuse a cache of ``slots`` positions past a sliding ``window``.
-
-    Rolling a cache back after a rejection needs every slot it holds: a sliding-window layer drops the oldest
-    ones once the window is full, and its mask counts slots, not the row's tokens (a batch's holes), so
-    speculative decoding is exact only while the cache stays within the window.
-
-    Raises:
-        ValueError: ``slots > window``, saying what to do instead.
-    """
-    if window is not None and slots > window:
-        raise ValueError(
-            f"the {who} attends within a sliding window of {window} tokens and this call needs {slots} cache "
-            f"positions: speculative decoding rolls caches back, which a sliding-window cache cannot do past its "
-            f"window. Keep prompt + max_new_tokens within {window} tokens (a batch's left padding and rejected "
-            "drafts count too), or decode this call without a drafter")
+#: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
+#: ``sdpa`` takes a boolean mask (True = attend), ``eager`` an additive float mask.
+WINDOW_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 def crop_cache_to(cache, length: int) -> None:
@@ -59,35 +46,70 @@ def crop_cache_to(cache, length: int) -> None:
 class RaggedCache:
     """A ``DynamicCache`` whose rows hold sequences of different lengths, with holes where tokens were rejected.
 
+    Sliding-window models (Mistral, Gemma 2/3, Phi-3, Qwen2 with ``use_sliding_window``): a rolled-back cache
+    needs the slots a ``DynamicSlidingWindowLayer`` drops, and transformers' window counts cache slots, which a
+    batch's holes would shrink. So such a model gets a cache of full layers (it keeps every position, like a
+    full-attention model's) and 4D masks built here with the window counted in each row's positions: a query at
+    position p sees its row's valid slots at positions p - W < q <= p on sliding layers (transformers'
+    ``sliding_window_overlay``), everything causal on full ones. Exact at any length, for the ``sdpa`` and
+    ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
+
     Args:
-        config: the model config (for ``DynamicCache(config=...)``).
+        config: the model config (for ``DynamicCache(config=...)``, which tells which layers slide).
         batch_size: B.
         device: where the masks live (the model's device).
-        cache: an empty ``DynamicCache`` to fill (e.g. the one ``generate`` prepared); a new one when ``None``.
-        max_slots: the most cache positions this call can need (prompt width + new tokens), given when the
-            cache will be rolled back (speculative decoding): a sliding-window cache is then refused here, before
-            any work, if that passes its window, and every forward checks it (a batch's holes take slots too).
-            ``None``: no rollback planned, no check (plain decoding past a window is exact).
-        name: what the messages call the model (``"target"``, ``"draft model"``).
+        cache: an empty ``DynamicCache`` whose layer types are used (e.g. the one ``generate`` prepared); a new
+            one when ``None``. A sliding-window cache is replaced by one of full layers.
 
     Raises:
-        ValueError: (here or from :meth:`forward`) a rolled-back cache past a sliding window
-            (:func:`check_sliding_window`).
+        ValueError: a sliding-window model whose attention implementation is not ``sdpa`` or ``eager``, or
+            whose sliding layers use windows of different sizes.
 
     Attributes:
         cache: the wrapped ``DynamicCache``.
         valid: ``BoolTensor[B, T]``, which cache slots hold tokens of the row's sequence.
         lengths: ``LongTensor[B]``, the number of valid slots per row (the next position id).
+        window: the sliding window W in tokens, or ``None``.
     """
 
-    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None, max_slots: int | None = None,
-                 name: str = "target"):
-        self.cache = cache if cache is not None else DynamicCache(config=config)
+    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None):
+        cache = cache if cache is not None else DynamicCache(config=config)
+        self.window = sliding_window(cache)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.window = sliding_window(self.cache) if max_slots is not None else None
-        self.name = name
-        check_sliding_window(self.window, max_slots or 0, name)
+        self._sliding: list[bool] = []
+        if self.window is not None:
+            windows = {layer.sliding_window for layer in cache.layers if getattr(layer, "sliding_window", None)}
+            impl = config.get_text_config()._attn_implementation
+            if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
+                raise ValueError(
+                    f"this model attends within sliding windows ({sorted(windows)} tokens) with "
+                    f"attn_implementation={impl!r}: hf-spec keeps a rolled-back sliding-window cache exact with "
+                    "position-based masks of one window size for 'sdpa' or 'eager' attention only; load the model "
+                    "with attn_implementation='sdpa'")
+            self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in cache.layers]
+            cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
+        self.cache = cache
+
+    def _window_masks(self, model, n: int):
+        """The 4D masks of a sliding-window model for the last ``n`` slots' queries (see the class docstring):
+        a tensor ``[B, 1, n, T]`` when every layer slides, else ``{"full_attention": ..., "sliding_attention":
+        ...}``, in the attention implementation's format. A filler query also sees its own slot, so no row
+        is empty (its output is never used)."""
+        total = self.valid.shape[1]
+        slots = torch.arange(total, device=self.valid.device)
+        query_slots = slots[total - n:]
+        own = slots[None, :] == query_slots[:, None]  # [n, T]
+        causal = self.valid[:, None, :] & (slots[None, :] <= query_slots[:, None])[None]  # [B, n, T]
+        positions = self.valid.to(torch.long).cumsum(dim=1) - 1
+        in_window = positions[:, total - n:, None] - positions[:, None, :] < self.window
+        masks = {"full_attention": causal | own, "sliding_attention": (causal & in_window) | own}
+        if model.config.get_text_config()._attn_implementation == "eager":
+            dtype = model.dtype
+            masks = {kind: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
+                     for kind, m in masks.items()}
+        masks = {kind: m[:, None] for kind, m in masks.items()}
+        return masks["sliding_attention"] if all(self._sliding) else masks
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 **model_kwargs):
@@ -106,12 +128,12 @@ class RaggedCache:
         """
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
-        check_sliding_window(self.window, self.valid.shape[1] + block.shape[1], self.name)
         block_valid = block_valid.to(self.valid.device)
         offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        out = model(input_ids=block, attention_mask=self.valid.to(torch.long), position_ids=position_ids,
+        mask = self.valid.to(torch.long) if self.window is None else self._window_masks(model, block.shape[1])
+        out = model(input_ids=block, attention_mask=mask, position_ids=position_ids,
                     cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep, **model_kwargs)
         self.lengths = self.lengths + block_valid.sum(dim=1)
         return out

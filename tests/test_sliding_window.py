@@ -1,7 +1,8 @@
 """Targets (and drafts) with sliding-window attention (Mistral here; Gemma 2/3, Phi-3 and Qwen2 with
-``use_sliding_window`` use the same cache layer): exact while the cache stays within the window, refused
-clearly before any work past it (before, the first rollback past the window crashed inside transformers:
-"crop was called, but the current layer does not track past states")."""
+``use_sliding_window`` use the same cache layer; the conformance matrix and the real Gemma-3 test cover those):
+exact within and past the window, unbatched and in a left-padded batch whose rejected drafts leave holes
+(before, the first rollback past the window crashed inside transformers: "crop was called, but the current
+layer does not track past states"; counting the window in cache slots, holes would shrink it)."""
 
 import pytest
 import torch
@@ -30,32 +31,47 @@ def drafters(draft, target, k):
             hf_spec.MedusaDrafter(random_heads(n=3, seed=1).bind(target), min(k, 3))]
 
 
-def test_exact_within_the_window_single_and_batched():
-    target = tiny_mistral(64)
-    draft = tiny_mistral(64, noise=0.02)
-    ids = torch.tensor([[1, 1, 1, 1, 0, 5, 9, 5, 9, 5, 3], [0, 7, 3, 7, 3, 7, 3, 7, 3, 7, 3], [1, 1, 1, 1, 1, 1, 1, 1, 0, 4, 4]])
-    mask = (torch.arange(ids.shape[1])[None] >= (ids == 1).sum(1, keepdim=True)).long()
-    for inputs in (dict(input_ids=PROMPT), dict(input_ids=ids, attention_mask=mask)):
+BATCH = torch.tensor([[1, 1, 1, 1, 0, 5, 9, 5, 9, 5, 3], [0, 7, 3, 7, 3, 7, 3, 7, 3, 7, 3], [1, 1, 1, 1, 1, 1, 1, 1, 0, 4, 4]])
+BATCH_MASK = (torch.arange(BATCH.shape[1])[None] >= (BATCH == 1).sum(1, keepdim=True)).long()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("window", [64, 8])  # 64: the whole call fits; 8: prompt + 30 new tokens pass it
+def test_exact_within_and_past_the_window_single_and_batched(window, attn):
+    target = tiny_mistral(window)
+    draft = tiny_mistral(window, noise=0.02)  # a draft with a window too (its own rolled-back cache)
+    for m in (target, draft):
+        m.set_attn_implementation(attn)
+    for inputs in (dict(input_ids=PROMPT), dict(input_ids=BATCH, attention_mask=BATCH_MASK)):
         ref = target.generate(**inputs, max_new_tokens=30, do_sample=False)
         for k in (1, 3):
             for drafter in drafters(draft, target, k):
+                steps = []
                 out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
-                                      drafter=drafter)
+                                      drafter=drafter, event_listeners=[steps.append])
                 assert out.sequences.tolist() == ref.tolist(), (drafter.method, k)
+                if window == 8 and drafter.method != "medusa":  # rejections happened past the window
+                    assert any(int(n) < k for e in steps[1:] for n in e.num_accepted), drafter.method
 
 
-def test_past_the_window_is_refused_before_any_work_and_plain_decoding_still_runs():
-    target = tiny_mistral(16)
-    for drafter in drafters(tiny_mistral(64, noise=0.02), target, 3):
-        seen = []
-        with pytest.raises(ValueError, match="sliding window of 16 tokens and this call needs 41"):
-            target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
-                            drafter=drafter, event_listeners=[seen.append])
-        assert seen == []  # nothing ran
-    # a draft with a sliding window is checked the same way
-    with pytest.raises(ValueError, match="draft model attends within a sliding window of 16"):
-        tiny_mistral(64).generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
-                                  drafter=hf_spec.DraftModelDrafter(tiny_mistral(16), 3))
-    ref = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
-    out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, drafter=None)
-    assert out.sequences.tolist() == ref.tolist()
+def test_window_counts_positions_not_cache_slots():
+    """The mask's window is counted in each row's positions: a batch row whose cache has holes (rejected drafts)
+    still sees exactly its last W tokens, as the row decoded alone does."""
+    from hf_spec.ragged import RaggedCache
+    target = tiny_mistral(4)
+    ragged = RaggedCache(target.config, 2, "cpu")
+    block = torch.tensor([[0, 5, 9, 3, 7, 2], [0, 5, 9, 3, 7, 2]])
+    ragged.forward(target, block)
+    ragged.truncate(torch.tensor([4, 6]))  # row 0: slots 4, 5 are holes; row 1 keeps all six
+    ragged.valid = torch.cat([ragged.valid, torch.tensor([[True], [True]])], dim=1)
+    m = ragged._window_masks(target, 1)[:, 0, 0]  # [B, T]: what the new query (slot 6) sees
+    assert m[0].tolist() == [False, True, True, True, False, False, True]  # positions 1..4 of row 0 (window 4)
+    assert m[1].tolist() == [False, False, False, True, True, True, True]  # positions 3..6 of row 1
+
+
+def test_other_attention_implementations_are_refused_before_any_work():
+    target = tiny_mistral(8)
+    target.config._attn_implementation = "flex_attention"  # as loaded with attn_implementation=...
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.NgramDrafter(3))

@@ -103,8 +103,7 @@ class DraftModelDrafter(Drafter):
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
         # the draft's own cache, rolled back to what it shares with the accepted sequence at every draft
-        self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device,
-                                   max_slots=self.generation_config.max_length, name="draft model")
+        self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device)
         self._cached = [row[:0] for row in input_ids.to(self.device)]
 
     @property
