@@ -1,0 +1,262 @@
+"""The conformance matrix: tiny random models of the architectures people run with speculative decoding, each
+with a tiny draft of the same vocabulary (its own weights, perturbed), decoded by every drafter and checked
+against the target's own ``generate``.
+
+``tests/test_conformance.py`` runs it; ``scripts/conformance_table.py`` writes the table in
+docs/conformance.md from the same cells, and the test checks that table against what it measured. The
+architecture list and the tiny sizes follow transformers' own per-architecture model testers
+(``tests/models/*/test_modeling_*.py``) and its ``test_assisted_decoding_matches_greedy_search``.
+
+``HF_SPEC_TEST_DEVICE`` (default ``cpu``) and ``HF_SPEC_TEST_DTYPE`` (default ``float32``) choose where and in
+which dtype the models run (``scripts/gpu_check.py`` runs the matrix on CUDA in bfloat16 and float32). A
+greedy output that differs from ``generate`` counts as exact only where its first divergence is a float near-tie
+(the target's top-2 logit gap there under ``hf_spec.kernels.NEAR_TIE_BOUNDS`` of the dtype).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers as tf
+
+import hf_spec
+from hf_spec.kernels import NEAR_TIE_BOUNDS
+
+DEVICE = torch.device(os.environ.get("HF_SPEC_TEST_DEVICE", "cpu"))
+DTYPE = getattr(torch, os.environ.get("HF_SPEC_TEST_DTYPE", "float32"))
+VOCAB = 64
+PAD = 1
+#: the sliding window of the sliding-window architectures: prompts + NEW_TOKENS pass it
+WINDOW = 8
+NEW_TOKENS = 20
+#: the processors a shipped instruct generation_config turns on, greedy part (sampling is tested separately)
+INSTRUCT_GREEDY = dict(repetition_penalty=1.1)
+DRAFTERS = ("ngram", "draft model", "medusa")
+BATCHES = ("single", "batch of 3")
+#: the draft model of each architecture: the target's weights plus this much noise (acceptance 30-70% here)
+DRAFT_NOISE = 0.005
+#: (k, extra generate kwargs) per greedy run of a cell: k = 1, 3, auto, and k = 3 with a repetition penalty
+RUNS = ((1, {}), (3, {}), ("auto", {}), (3, INSTRUCT_GREEDY))
+PROMPT = [0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]
+BATCH = [[5, 9, 5, 3], [0, 7, 3, 7, 3, 7, 3, 7, 3, 7, 3], [0, 4, 4, 9, 12, 4, 4, 9, 12]]  # left-padded to one width
+
+_COMMON = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=None, pad_token_id=PAD)
+_LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **_COMMON)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture of the matrix: a name, how to build its tiny config, its model class."""
+
+    name: str
+    config: Callable[[], tf.PretrainedConfig]
+    model: type
+    note: str = ""
+    #: logit rows of the target when its vocabulary is padded past the tokenizer's VOCAB tokens
+    target_rows: int | None = None
+
+
+ARCHITECTURES = [
+    Arch("Llama", lambda: tf.LlamaConfig(**_LLAMA_LIKE), tf.LlamaForCausalLM),
+    Arch("Mistral (sliding window)", lambda: tf.MistralConfig(sliding_window=WINDOW, **_LLAMA_LIKE),
+         tf.MistralForCausalLM, f"window {WINDOW}, passed"),
+    Arch("Qwen2", lambda: tf.Qwen2Config(**_LLAMA_LIKE), tf.Qwen2ForCausalLM),
+    Arch("Qwen3", lambda: tf.Qwen3Config(head_dim=8, **_LLAMA_LIKE), tf.Qwen3ForCausalLM),
+    Arch("Gemma 2", lambda: tf.Gemma2Config(head_dim=8, sliding_window=WINDOW, query_pre_attn_scalar=8,
+                                            layer_types=["sliding_attention", "full_attention"], **_LLAMA_LIKE),
+         tf.Gemma2ForCausalLM, f"hybrid, window {WINDOW}, softcapping"),
+    Arch("Gemma 3", lambda: tf.Gemma3TextConfig(head_dim=8, sliding_window=WINDOW, query_pre_attn_scalar=8,
+                                                layer_types=["sliding_attention", "full_attention"], **_LLAMA_LIKE),
+         tf.Gemma3ForCausalLM, f"hybrid, window {WINDOW}"),
+    Arch("Phi-3", lambda: tf.Phi3Config(**_LLAMA_LIKE), tf.Phi3ForCausalLM),
+    Arch("GPT-2", lambda: tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **_COMMON),
+         tf.GPT2LMHeadModel, "learned positions"),
+    Arch("GPT-NeoX", lambda: tf.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=4, max_position_embeddings=256, **_COMMON),
+         tf.GPTNeoXForCausalLM, "partial rotary"),
+    Arch("OLMo-2", lambda: tf.Olmo2Config(**_LLAMA_LIKE), tf.Olmo2ForCausalLM),
+    Arch("Granite", lambda: tf.GraniteConfig(embedding_multiplier=2.0, logits_scaling=4.0, residual_multiplier=0.5,
+                                             attention_multiplier=0.25, **_LLAMA_LIKE), tf.GraniteForCausalLM),
+    Arch("Mixtral (MoE)", lambda: tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **_LLAMA_LIKE),
+         tf.MixtralForCausalLM, "4 experts, top-2"),
+    Arch("Qwen2, padded vocabulary", lambda: tf.Qwen2Config(**_LLAMA_LIKE), tf.Qwen2ForCausalLM,
+         f"target {VOCAB + 8} logit rows, draft {VOCAB}", target_rows=VOCAB + 8),
+]
+
+
+class SameTokenizer:
+    """A stand-in for the tokenizer target and draft share (VOCAB tokens): what DraftModelDrafter compares when
+    their logit rows differ."""
+
+    name_or_path = "conformance"
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(VOCAB)}
+
+    def __len__(self):
+        return VOCAB
+
+
+def build(arch: Arch, seed: int = 0, noise: float = 0.0, vocab: int | None = None):
+    """A tiny random model of ``arch`` in eval mode on DEVICE/DTYPE; ``noise`` perturbs every weight (a draft
+    that mostly agrees); ``vocab`` pads the embedding and logit rows (a padded-vocabulary target)."""
+    torch.manual_seed(seed)
+    config = arch.config()
+    model = arch.model(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0).add_(noise * torch.randn_like(p))  # sharper than the default init: fewer near-ties
+    if vocab is not None:  # padded logit rows past the tokenizer's, as one family's larger checkpoints have
+        model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.generation_config.pad_token_id = PAD
+    model.generation_config.eos_token_id = None
+    return model.to(device=DEVICE, dtype=DTYPE)
+
+
+def batch_inputs():
+    width = max(map(len, BATCH))
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in BATCH], device=DEVICE)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in BATCH], device=DEVICE)
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+def make_drafter(kind: str, target, draft, k):
+    fixed = None if k == "auto" else k
+    if kind == "ngram":
+        return hf_spec.NgramDrafter(fixed or 3)
+    if kind == "draft model":
+        tok = SameTokenizer() if hf_spec.drafters.base.logit_rows(target) != hf_spec.drafters.base.logit_rows(draft) else None
+        return hf_spec.DraftModelDrafter(draft, fixed or 3, tokenizer=tok, draft_tokenizer=tok)
+    from hf_spec.medusa import MedusaConfig, MedusaHeads
+    torch.manual_seed(1)
+    hidden = target.config.get_text_config().hidden_size
+    heads = MedusaHeads(MedusaConfig(3, 1, hidden, hf_spec.drafters.base.logit_rows(target), "shared-lm-head"))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+    return hf_spec.MedusaDrafter(heads.eval().to(device=DEVICE, dtype=DTYPE).bind(target), fixed or 3)
+
+
+def top2_gap(model, prefix: torch.Tensor, **kwargs) -> float:
+    """The target's top-1/top-2 logit gap after ``prefix`` (one row), with the call's processors' inputs."""
+    with torch.no_grad():
+        logits = model(input_ids=prefix).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def compare(model, ref: torch.Tensor, out: torch.Tensor, mask: torch.Tensor | None, start: int) -> str:
+    """"exact", "exact (near-tie)" or "DIFFERENT at row r, new token j (gap g)" for two greedy outputs."""
+    if out.tolist() == ref.tolist():
+        return "exact"
+    for r in range(ref.shape[0]):
+        if out[r].tolist() == ref[r].tolist():
+            continue
+        diff = (out[r, start:] != ref[r, start:]).nonzero()
+        j = start + int(diff[0]) if diff.numel() else start
+        prefix = ref[r:r + 1, :j]
+        if mask is not None:
+            prefix = prefix[:, mask[r].bool().tolist().index(True):]  # drop the row's left padding
+        gap = top2_gap(model, prefix)
+        if gap >= NEAR_TIE_BOUNDS[str(DTYPE).removeprefix("torch.")]:
+            return f"DIFFERENT at row {r}, new token {j - start} (top-2 gap {gap:.2e})"
+    return "exact (near-tie)"
+
+
+@dataclass
+class Cell:
+    """One (architecture, drafter, batch) cell: its verdict and the draft tokens proposed/accepted over RUNS."""
+
+    verdict: str
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+def run_cell(target, draft, kind: str, batched: bool) -> Cell:
+    """Every run of RUNS for one (drafter, batch) cell: "exact", or the first failure or refusal."""
+    inputs = batch_inputs() if batched else dict(input_ids=torch.tensor([PROMPT], device=DEVICE))
+    start = inputs["input_ids"].shape[1]
+    cell = Cell("exact")
+    for k, extra in RUNS:
+        ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra)
+        try:
+            out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra,
+                                  custom_generate=hf_spec.generate, drafter=make_drafter(kind, target, draft, k),
+                                  num_speculative_tokens=k)
+        except ValueError as e:
+            return Cell(f"refused: {e}")
+        cell.drafted += out.stats.num_draft_tokens
+        cell.accepted += out.stats.num_accepted_tokens
+        verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), start)
+        if verdict.startswith("DIFFERENT"):
+            return Cell(f"{verdict} (k={k}, {extra or 'no processors'})")
+        if verdict != "exact":
+            cell.verdict = verdict
+    return cell
+
+
+def run_architecture(arch: Arch) -> dict[tuple[str, str], Cell]:
+    """All cells of one architecture: {(drafter, "single" | "batch of 3"): Cell}."""
+    target, draft = build(arch, vocab=arch.target_rows), build(arch, noise=DRAFT_NOISE)
+    return {(kind, batch): run_cell(target, draft, kind, batch == "batch of 3")
+            for kind in DRAFTERS for batch in BATCHES}
+
+
+# ---- sampling ----------------------------------------------------------------------------------------------
+#: a shipped instruct generation_config's sampling (Qwen2.5-Instruct's: temperature 0.7, top-p 0.8, top-k 20,
+#: repetition penalty 1.05)
+INSTRUCT_SAMPLING = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
+SAMPLED_TOKENS = 2  # counted; one more is generated so that the first speculative step drafts k=2 of them
+
+
+def instruct_processors():
+    """The processors transformers builds for INSTRUCT_SAMPLING, in its order."""
+    from transformers.generation import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
+                                         TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(INSTRUCT_SAMPLING["repetition_penalty"]),
+                                TemperatureLogitsWarper(INSTRUCT_SAMPLING["temperature"]),
+                                TopKLogitsWarper(INSTRUCT_SAMPLING["top_k"]), TopPLogitsWarper(INSTRUCT_SAMPLING["top_p"])])
+
+
+@torch.no_grad()
+def exact_distribution(model) -> dict[tuple[int, ...], float]:
+    """P(first SAMPLED_TOKENS new tokens | PROMPT) under the processed target distribution, by enumerating the
+    tokens of non-zero probability."""
+    procs = instruct_processors()
+
+    def step(prefix):
+        logits = model(input_ids=prefix).logits[:, -1].float()
+        return procs(prefix, logits).softmax(-1)[0]
+
+    dist = {(): 1.0}
+    for _ in range(SAMPLED_TOKENS):
+        nxt = {}
+        for seq, p in dist.items():
+            probs = step(torch.tensor([PROMPT + list(seq)], device=DEVICE))
+            for t in probs.nonzero().flatten().tolist():
+                nxt[seq + (t,)] = p * float(probs[t])
+        dist = nxt
+    return dist
+
+
+def sampled_counts(target, drafter, runs: int, seed: int = 0) -> dict[tuple[int, ...], int]:
+    """Counts of the first SAMPLED_TOKENS tokens over ``runs`` rows of one batched ``generate`` call with
+    INSTRUCT_SAMPLING (every row is PROMPT: independent samples)."""
+    torch.manual_seed(seed)
+    ids = torch.tensor([PROMPT] * runs, device=DEVICE)
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SAMPLED_TOKENS + 1,
+                          custom_generate=hf_spec.generate, drafter=drafter, num_speculative_tokens=2,
+                          **INSTRUCT_SAMPLING)
+    counts: dict[tuple[int, ...], int] = {}
+    for row in out.sequences[:, len(PROMPT):len(PROMPT) + SAMPLED_TOKENS].tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts

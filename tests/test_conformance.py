@@ -1,0 +1,74 @@
+"""The conformance matrix (tests/conformance.py): every architecture x drafter x batch cell greedy
+token-identical to the target's own ``generate`` at k = 1, 3 and auto and with a shipped instruct config's
+repetition penalty, or refused with a reason; the table in docs/conformance.md says the same; and sampling with
+a shipped instruct config's processors distribution-exact (chi-square) on a subset of architectures, in a batch.
+
+Runs on CPU in float32 by default; ``HF_SPEC_TEST_DEVICE`` / ``HF_SPEC_TEST_DTYPE`` move it (scripts/gpu_check.py)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_spec
+import hf_spec.loop
+
+from . import conformance as C
+from .test_acceptance import wrong_residual_rule
+from .test_sampling_exact import ALPHA, pvalue
+
+TABLE = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
+
+
+def documented_verdicts() -> dict[str, list[str]]:
+    """{architecture: [verdict word per drafter x batch column]} from the table in docs/conformance.md."""
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 + 2 * len(C.DRAFTERS) and cells[0] in {a.name for a in C.ARCHITECTURES}:
+            rows[cells[0]] = [re.match(r"\w+", c).group(0) if c else "" for c in cells[2:]]
+    return rows
+
+
+@pytest.mark.parametrize("arch", C.ARCHITECTURES, ids=lambda a: a.name)
+def test_every_cell_is_exact_or_refused_and_documented(arch):
+    cells = C.run_architecture(arch)
+    for (kind, batch), cell in cells.items():
+        assert cell.verdict.startswith(("exact", "refused")), f"{arch.name}, {kind}, {batch}: {cell.verdict}"
+    # the test's power: the draft model was both accepted and rejected in this architecture
+    draft = [c for (kind, _), c in cells.items() if kind == "draft model"]
+    assert all(0 < c.acceptance < 1 for c in draft), [c.acceptance for c in draft]
+    if C.DEVICE.type == "cpu" and C.DTYPE == torch.float32:  # the documented table is the CPU float32 run's
+        words = [cells[(kind, batch)].verdict.split(":")[0].split(" (")[0] for kind in C.DRAFTERS for batch in C.BATCHES]
+        assert documented_verdicts().get(arch.name) == words, \
+            f"docs/conformance.md is stale for {arch.name}: run scripts/conformance_table.py"
+
+
+SAMPLING_SUBSET = [a for a in C.ARCHITECTURES if a.name in ("Gemma 3", "GPT-2", "Mixtral (MoE)")]
+SAMPLING_RUNS = 3000
+
+
+@pytest.fixture(scope="module", params=SAMPLING_SUBSET, ids=lambda a: a.name)
+def sampling_pair(request):
+    """Target and a draft that disagrees with it enough for a wrong rule to show."""
+    arch = request.param
+    return arch, C.build(arch), C.build(arch, noise=0.05)
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram"])
+def test_sampling_with_an_instruct_config_is_distribution_exact(sampling_pair, kind):
+    arch, target, draft = sampling_pair
+    exact = C.exact_distribution(target)
+    assert abs(sum(exact.values()) - 1) < 1e-4
+    counts = C.sampled_counts(target, C.make_drafter(kind, target, draft, 2), SAMPLING_RUNS)
+    assert pvalue(counts, exact) > ALPHA, (arch.name, kind)
+
+
+def test_the_sampling_test_fails_for_a_wrong_rule(monkeypatch):
+    arch = SAMPLING_SUBSET[0]
+    target, draft = C.build(arch), C.build(arch, noise=0.05)
+    exact = C.exact_distribution(target)
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    counts = C.sampled_counts(target, C.make_drafter("draft model", target, draft, 2), SAMPLING_RUNS, seed=1)
+    assert pvalue(counts, exact) < ALPHA
