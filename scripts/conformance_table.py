@@ -61,6 +61,25 @@ def main() -> int:
         cells = results[arch.name]
         lines.append("| " + " | ".join([arch.name, arch.note] + [cell_text(cells[(kind, batch)]) for kind in C.DRAFTERS
                                                                  for batch in C.BATCHES]) + " |")
+    lines += [
+        "",
+        "## Refused before any work, with a reason (and a test)",
+        "",
+        "| what | why | test |",
+        "|---|---|---|",
+        "| `num_beams > 1` | beam search keeps several hypotheses per row; speculative decoding verifies one | "
+        "`tests/test_loop.py` |",
+        "| `num_return_sequences > 1` | call `generate` once per sample | `tests/test_loop.py` |",
+        "| a static, offloaded or quantized cache (`cache_implementation=...`) | rejected drafts are rolled back, "
+        "which needs a `DynamicCache` | `tests/test_loop.py` |",
+        "| continuing from a filled cache | pass the whole sequence as `input_ids` | `tests/test_loop.py` |",
+        "| `guidance_scale` (classifier-free guidance) with a drafter | its processor runs its own unconditional "
+        "forward one token per call | `tests/test_batching.py` |",
+        "| a sliding-window model with an attention implementation other than `sdpa` / `eager` | hf-spec builds "
+        "the position-counted window masks itself | `tests/test_sliding_window.py` |",
+        "| a draft whose tokenizer differs from the target's | its tokens mean other text | "
+        "`tests/test_padded_vocab.py` |",
+    ]
     out = ROOT / "docs" / "conformance.md"
     with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as f:
         f.write("\n".join(lines) + "\n")
