@@ -33,7 +33,7 @@ from .kernels import install_verify_linear, verify_linear
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import RaggedCache
+from .ragged import RaggedCache, check_cache_layers
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -154,6 +154,8 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                 "only up to bfloat16 near-ties. For float32 exactness call "
                 "hf_spec.quantization.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
+    if cache is not None:
+        check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError(
             "continuing from a filled cache is not supported: pass the whole sequence as input_ids and no cache"

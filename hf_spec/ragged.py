@@ -17,8 +17,44 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-__all__ = ["RaggedCache", "crop_cache_to", "sliding_window"]
+__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "layer_kinds", "check_cache_layers"]
+
+
+def layer_kinds(config, cache) -> list[str]:
+    """What each layer of a fresh ``transformers`` cache for ``config`` attends to: ``"full_attention"`` (a
+    ``DynamicLayer``), ``"sliding_attention"`` or ``"chunked_attention"`` (both kept by a
+    ``DynamicSlidingWindowLayer``; Llama 4's chunks are told apart by ``layer_types`` / ``attention_chunk_size``),
+    else the layer class's name (linear attention and other recurrent states, shared or indexed layers)."""
+    text = config.get_text_config()
+    types = getattr(text, "layer_types", None)
+    kinds = []
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer:
+            kinds.append("full_attention")
+        elif isinstance(layer, DynamicLayer) and getattr(layer, "sliding_window", None):
+            chunked = types[i] == "chunked_attention" if types and i < len(types) else \
+                getattr(text, "attention_chunk_size", None) is not None
+            kinds.append("chunked_attention" if chunked else "sliding_attention")
+        else:
+            kinds.append(type(layer).__name__)
+    return kinds
+
+
+def check_cache_layers(config, cache) -> None:
+    """Refuse a model whose cache has layers other than full or sliding-window attention (:func:`layer_kinds`).
+
+    Raises:
+        ValueError: naming the layer kinds, saying to decode with plain ``generate``.
+    """
+    unsupported = sorted(set(layer_kinds(config, cache)) - {"full_attention", "sliding_attention"})
+    if unsupported:
+        raise ValueError(
+            f"this model has layers of kind {', '.join(unsupported)}: hf-spec rolls the cache back after rejected "
+            "drafts and masks each row by itself, which it can do for full and sliding-window attention only "
+            "(not for chunked attention, linear attention or other recurrent states); decode this model with "
+            "plain model.generate")
 
 
 def sliding_window(cache) -> int | None:
@@ -62,8 +98,10 @@ class RaggedCache:
             one when ``None``. A sliding-window cache is replaced by one of full layers.
 
     Raises:
-        ValueError: a sliding-window model whose attention implementation is not ``sdpa`` or ``eager``, or
-            whose sliding layers use windows of different sizes.
+        ValueError: before any work, for a model with layers other than full and sliding-window attention
+            (:func:`layer_kinds`: chunked attention, linear attention and other recurrent states, which cannot be
+            rolled back or masked per row here), and for a sliding-window model whose attention implementation is
+            not ``sdpa`` or ``eager``, or whose sliding layers use windows of different sizes.
 
     Attributes:
         cache: the wrapped ``DynamicCache``.
@@ -74,6 +112,7 @@ class RaggedCache:
 
     def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None):
         cache = cache if cache is not None else DynamicCache(config=config)
+        check_cache_layers(config, cache)
         self.window = sliding_window(cache)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)

@@ -59,6 +59,8 @@ class Arch:
     note: str = ""
     #: logit rows of the target when its vocabulary is padded past the tokenizer's VOCAB tokens
     target_rows: int | None = None
+    #: for an architecture hf-spec refuses: what the refusal must say
+    refusal: str = ""
 
 
 ARCHITECTURES = [
@@ -84,6 +86,16 @@ ARCHITECTURES = [
                                              attention_multiplier=0.25, **_LLAMA_LIKE), tf.GraniteForCausalLM),
     Arch("Mixtral (MoE)", lambda: tf.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **_LLAMA_LIKE),
          tf.MixtralForCausalLM, "4 experts, top-2"),
+    Arch("Llama 4 text (chunked attention)",
+         lambda: tf.Llama4TextConfig(head_dim=8, attention_chunk_size=WINDOW, num_local_experts=2,
+                                     intermediate_size_mlp=64, **_LLAMA_LIKE),
+         tf.Llama4ForCausalLM, f"chunks of {WINDOW}, MoE", refusal="chunked_attention"),
+    Arch("Qwen3-Next (linear attention)",
+         lambda: tf.Qwen3NextConfig(head_dim=8, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                                    linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1,
+                                    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                    **{**_LLAMA_LIKE, "num_hidden_layers": 4}),
+         tf.Qwen3NextForCausalLM, "3 gated delta-net layers, 1 full", refusal="LinearAttentionLayer"),
     Arch("Qwen2, padded vocabulary", lambda: tf.Qwen2Config(**_LLAMA_LIKE), tf.Qwen2ForCausalLM,
          f"target {VOCAB + 8} logit rows, draft {VOCAB}", target_rows=VOCAB + 8),
 ]
@@ -187,13 +199,13 @@ def run_cell(target, draft, kind: str, batched: bool) -> Cell:
     start = inputs["input_ids"].shape[1]
     cell = Cell("exact")
     for k, extra in RUNS:
-        ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra)
         try:
             out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra,
                                   custom_generate=hf_spec.generate, drafter=make_drafter(kind, target, draft, k),
                                   num_speculative_tokens=k)
         except ValueError as e:
             return Cell(f"refused: {e}")
+        ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra)
         cell.drafted += out.stats.num_draft_tokens
         cell.accepted += out.stats.num_accepted_tokens
         verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), start)
