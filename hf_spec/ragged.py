@@ -15,11 +15,32 @@ Speculative Sampling"), with the masking and position handling of ``transformers
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "layer_kinds", "check_cache_layers"]
+from transformers.generation.utils import ALL_CACHE_NAMES
+
+__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "layer_kinds", "check_cache_layers", "cache_kwarg"]
+
+#: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
+#: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
+CACHE_KWARG = "cache" if "cache" in ALL_CACHE_NAMES else "past_key_values"
+
+
+def cache_kwarg(model) -> str:
+    """The keyword under which ``model``'s forward (and ``generate``) takes its KV cache: ``"cache"`` or
+    ``"past_key_values"`` (:data:`CACHE_KWARG`, unless the forward's signature names only the other one)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return CACHE_KWARG
+    for name in (CACHE_KWARG, "cache", "past_key_values"):
+        if name in params:
+            return name
+    return CACHE_KWARG
 
 
 def layer_kinds(config, cache) -> list[str]:
@@ -33,7 +54,7 @@ def layer_kinds(config, cache) -> list[str]:
     for i, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer:
             kinds.append("full_attention")
-        elif isinstance(layer, DynamicLayer) and getattr(layer, "sliding_window", None):
+        elif type(layer) is DynamicSlidingWindowLayer:  # not its subclasses (linear attention + window)
             chunked = types[i] == "chunked_attention" if types and i < len(types) else \
                 getattr(text, "attention_chunk_size", None) is not None
             kinds.append("chunked_attention" if chunked else "sliding_attention")
@@ -111,14 +132,16 @@ class RaggedCache:
     """
 
     def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None):
-        cache = cache if cache is not None else DynamicCache(config=config)
-        check_cache_layers(config, cache)
-        self.window = sliding_window(cache)
+        # what the model's layers are, from the config (a caller's empty DynamicCache() has no layers yet)
+        reference = DynamicCache(config=config)
+        check_cache_layers(config, reference)
+        self.window = sliding_window(reference)
+        cache = cache if cache is not None else reference
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         if self.window is not None:
-            windows = {layer.sliding_window for layer in cache.layers if getattr(layer, "sliding_window", None)}
+            windows = {layer.sliding_window for layer in reference.layers if getattr(layer, "sliding_window", None)}
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
                 raise ValueError(
@@ -126,7 +149,7 @@ class RaggedCache:
                     f"attn_implementation={impl!r}: hf-spec keeps a rolled-back sliding-window cache exact with "
                     "position-based masks of one window size for 'sdpa' or 'eager' attention only; load the model "
                     "with attn_implementation='sdpa'")
-            self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in cache.layers]
+            self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in reference.layers]
             cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
         self.cache = cache
 
@@ -172,8 +195,8 @@ class RaggedCache:
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
         mask = self.valid.to(torch.long) if self.window is None else self._window_masks(model, block.shape[1])
-        out = model(input_ids=block, attention_mask=mask, position_ids=position_ids,
-                    cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep, **model_kwargs)
+        out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                    logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         self.lengths = self.lengths + block_valid.sum(dim=1)
         return out
 

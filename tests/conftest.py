@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_spec
 from hf_spec.kernels import NEAR_TIE_BOUNDS
+from hf_spec.ragged import cache_kwarg
 from hf_spec.prompts import chat_inputs, load_questions
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -149,10 +150,10 @@ def verify_vs_decode(model, tokenizer, prompts, n: int = 4) -> tuple[float, int,
             block = model.generate(input_ids=ids, max_new_tokens=n, do_sample=False)[:, ids.shape[1]:]
             caches = [DynamicCache(config=model.config) for _ in range(2)]
             for cache in caches:
-                model(input_ids=ids, cache=cache, use_cache=True)
+                model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
             with verify_linear(True):
-                many = model(input_ids=block, cache=caches[0], use_cache=True, logits_to_keep=block.shape[1]).logits[0].float()
-            one = torch.stack([model(input_ids=block[:, i:i + 1], cache=caches[1], use_cache=True).logits[0, -1].float()
+                many = model(input_ids=block, use_cache=True, logits_to_keep=block.shape[1], **{cache_kwarg(model): caches[0]}).logits[0].float()
+            one = torch.stack([model(input_ids=block[:, i:i + 1], use_cache=True, **{cache_kwarg(model): caches[1]}).logits[0, -1].float()
                                for i in range(block.shape[1])])
         worst = max(worst, float((many - one).abs().max()))
         flips += int((many.argmax(-1) != one.argmax(-1)).sum())

@@ -7,7 +7,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_spec
-from hf_spec.ragged import crop_cache_to
+from hf_spec.ragged import cache_kwarg, crop_cache_to
 
 from .conftest import first_divergence, tiny_llama, tiny_pair, top2_gap, TIE_BOUND
 
@@ -123,7 +123,7 @@ def test_crop_cache_to_uses_transformers_crop_semantics(tiny):
 
     target, _ = tiny
     cache = DynamicCache(config=target.config)
-    target(input_ids=PROMPT, cache=cache)
+    target(input_ids=PROMPT, **{cache_kwarg(target): cache})
     crop_cache_to(cache, 4)
     assert cache.get_seq_length() == 4
     crop_cache_to(cache, 9)
@@ -185,9 +185,9 @@ def test_beam_and_other_modes_refused(tiny):
     from transformers import DynamicCache
 
     filled = DynamicCache(config=target.config)
-    target(input_ids=PROMPT[:, :3], cache=filled)
+    target(input_ids=PROMPT[:, :3], **{cache_kwarg(target): filled})
     with pytest.raises(ValueError, match="filled cache"):
-        _gen(target, hf_spec.NgramDrafter(2), cache=filled)
+        _gen(target, hf_spec.NgramDrafter(2), **{cache_kwarg(target): filled})
 
 
 def test_empty_prompt_refused(tiny):

@@ -75,3 +75,37 @@ def test_other_attention_implementations_are_refused_before_any_work():
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
                         drafter=hf_spec.NgramDrafter(3))
+
+
+@pytest.mark.parametrize("kwarg", ["cache", "past_key_values"])
+def test_a_callers_empty_cache_keeps_the_window_masks_and_the_refusals(kwarg):
+    """An empty ``DynamicCache()`` passed in (transformers' docs do) has no layers to read the window from: the
+    layer kinds come from the config, so the batch stays exact past the window and chunked attention refused."""
+    from transformers import DynamicCache
+
+    from hf_spec.ragged import cache_kwarg
+    from . import conformance as C
+
+    if kwarg != cache_kwarg(tiny_mistral(4)):
+        pytest.skip(f"this transformers takes the cache as {cache_kwarg(tiny_mistral(4))}=")
+    target = tiny_mistral(4, noise=0.5)
+    ref = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False)
+    out = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False,
+                          custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
+    assert out.sequences.tolist() == ref.tolist()
+    chunked = C.build(next(a for a in C.ARCHITECTURES if a.refusal == "chunked_attention"))
+    with pytest.raises(ValueError, match="chunked_attention"):
+        chunked.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
+                         drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
+
+
+def test_linear_attention_with_a_window_is_not_taken_for_a_sliding_window():
+    """transformers keeps linear attention + a local window in a subclass of the sliding-window layer: it has
+    recurrent state hf-spec cannot roll back, so it is refused like linear attention."""
+    from transformers import DynamicCache
+
+    from hf_spec.ragged import check_cache_layers
+    inkling = pytest.importorskip("transformers.models.inkling.configuration_inkling")
+    cfg = inkling.InklingTextConfig(num_hidden_layers=2, local_layer_ids=[0, 1])
+    with pytest.raises(ValueError, match="layers of kind"):
+        check_cache_layers(cfg, DynamicCache(config=cfg))
