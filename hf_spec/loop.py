@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -27,6 +26,7 @@ from transformers.utils import ModelOutput
 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK, make_controller
+from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
 from .kernels import install_verify_linear, verify_linear
@@ -112,7 +112,7 @@ def generate(
         stopping_criteria=stopping_criteria,
         generation_config=generation_config,
         num_speculative_tokens=num_speculative_tokens,
-        cache=model_kwargs.get("cache"),
+        cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before 5.2x
         streamer=spec_streamer,
         event_listeners=event_listeners,
     )
@@ -238,7 +238,7 @@ def speculative_decode(
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
             session.update(VerifyOutput(step, num_drafted, num_accepted, hidden))
 
-    t0 = time.perf_counter()
+    t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
     # ---- prefill: the target alone chooses each row's first token --------------------------------
     ragged = RaggedCache(model.config, bsz, device, cache)
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
@@ -249,11 +249,11 @@ def speculative_decode(
     emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
     none = input_ids.new_zeros(bsz)
     tell_drafter(0, out, none, none, 1)
-    verify_time = time.perf_counter() - t0
+    verify_time = clock(device) - t0
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
-                   time.perf_counter() - t0, list(finished), rows=list(active)))
+                   clock(device) - t0, list(finished), rows=list(active)))
 
     step = 0
     while True:
@@ -269,7 +269,7 @@ def speculative_decode(
         step += 1
         n_rows = len(active)
         # ---- draft: the loop chooses k (fixed, or the controller's; 0 = a plain step) -----------------
-        t_draft = time.perf_counter()
+        t_draft = clock(device)
         decision = None
         if controller is not None:
             k_asked, decision = controller.decide()
@@ -286,7 +286,7 @@ def speculative_decode(
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
         k = drafts.shape[1]
-        t_verify = time.perf_counter()
+        t_verify = clock(device)
         # ---- verify k+1 positions per row in one target forward -------------------------------
         last = torch.stack([rows[b][-1] for b in active])[:, None]
         block = torch.cat([last, drafts], dim=1)
@@ -314,7 +314,7 @@ def speculative_decode(
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         ragged.truncate(before + 1 + num_accepted)
         tell_drafter(step, out, num_drafted, num_accepted, k + 1)
-        now = time.perf_counter()
+        now = clock(device)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
         ndr = num_drafted.tolist()

@@ -300,7 +300,10 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
             A folder holding an AWQ or GPTQ checkpoint loads through transformers' own quantizers.
         dtype: ``torch.dtype`` or string (``"float32"``, ``"bfloat16"``, ``"auto"``); default float32. With a
             quantized model, the compute dtype of its non-quantized parts and of the 4-bit matmuls.
-        device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to shard with accelerate).
+        device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to place the weights on the GPUs with
+            accelerate, ``"cuda:0"``, or a dict); ``None`` or ``"cpu"``: the CPU, as ``from_pretrained`` loads by
+            default (no accelerate dispatch, which bitsandbytes and AWQ loaders on a CPU do not expect). The
+            command line's ``--device-map`` (:func:`hf_spec.device.resolve_device_map`) ends here.
         quantization: ``"nf4"`` or ``"fp4"`` to quantize the weights to 4 bits with bitsandbytes while loading
             (:func:`hf_spec.quantization.bitsandbytes_config`); ``None`` keeps the checkpoint's own weights.
         **kwargs: passed to ``AutoModelForCausalLM.from_pretrained``.
@@ -329,6 +332,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
+    if isinstance(device_map, (str, torch.device)) and str(device_map) == "cpu":
+        device_map = None  # from_pretrained's own default: the CPU
     if quantization is not None:
         already = quantization_method(path)
         if already is not None:

@@ -1,6 +1,7 @@
 """Running the benchmark: methods interleaved prompt by prompt, timed the same way, with a resume journal.
 
-Every method is timed the same way: wall time of the ``generate`` call, and a streamer's time stamps for the
+Every method is timed the same way (the device synchronised before each clock read, :func:`hf_spec.device.clock`):
+wall time of the ``generate`` call, and a streamer's time stamps for the
 first token (TTFT) and for each target forward's tokens. hf-spec's acceptance comes from its statistics;
 transformers' from its candidate generators' draft lengths (recorded by wrapping ``get_candidates``, which
 changes nothing) and the streamer's per-forward token counts, fed through the same
@@ -13,7 +14,6 @@ import contextlib
 import json
 import os
 import pickle
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import torch
 from transformers.generation import candidate_generator as hf_candidates
 from transformers.generation.streamers import BaseStreamer
 
+from ..device import clock
 from ..device import draft_dtype as _draft_dtype
 from ..drafters.registry import DRAFTERS, drafter_specs, make_drafter, parse_drafter
 from ..events import StepEvent
@@ -96,9 +97,11 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
 
 
 class _Timer(BaseStreamer):
-    """Time stamps of each ``put`` after the prompt's, and how many tokens each brought."""
+    """Time stamps of each ``put`` after the prompt's (the device synchronised first), and how many tokens
+    each brought."""
 
-    def __init__(self):
+    def __init__(self, device=None):
+        self.device = device
         self.prompt_seen = False
         self.times: list[float] = []
         self.chunks: list[int] = []
@@ -107,7 +110,7 @@ class _Timer(BaseStreamer):
         if not self.prompt_seen:
             self.prompt_seen = True
             return
-        self.times.append(time.perf_counter())
+        self.times.append(clock(self.device))
         self.chunks.append(int(value.numel()))
 
     def end(self):
@@ -148,7 +151,7 @@ def _hf_stats(chunks: list[int], drafted: list[int]) -> SpecStats:
 
 
 def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, seed: int) -> dict:
-    timer = _Timer()
+    timer = _Timer(model.device)
     record: list[int] = []
     kwargs = dict(gen_kwargs)
     if method.kind == "baseline":
@@ -165,9 +168,9 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
         kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
     torch.manual_seed(seed)
     with _count_hf_drafts(record):
-        t0 = time.perf_counter()
+        t0 = clock(model.device)
         out = model.generate(**inputs, **kwargs)
-        total = time.perf_counter() - t0
+        total = clock(model.device) - t0
     sequences = out.sequences if hasattr(out, "sequences") else out
     tokens = sequences[0, inputs["input_ids"].shape[1]:].tolist()
     n = len(tokens)

@@ -17,7 +17,7 @@ def run_bench_command(args) -> int:
     """
     from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
     from ..device import draft_dtype as _draft_dtype
-    from ..device import machine_info, resolve_dtype
+    from ..device import machine_info, resolve_device_map, resolve_dtype
     from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
     from ..models import load
     from ..prompts import load_questions
@@ -36,9 +36,10 @@ def run_bench_command(args) -> int:
     questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
-    dtype = resolve_dtype(args.dtype)
+    device_map = resolve_device_map(args.device_map)
+    dtype = resolve_dtype(args.dtype, device_map)
     draft_dtype = _draft_dtype(dtype, args.draft_dtype)
-    target, tok = load(args.target, dtype=dtype)
+    target, tok = load(args.target, dtype=dtype, device_map=device_map)
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
@@ -49,7 +50,8 @@ def run_bench_command(args) -> int:
     config = dict(machine_info(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
                   categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
-                  draft_dtype=str(draft_dtype).replace("torch.", ""), command="hf-spec " + " ".join(sys.argv[1:]))
+                  draft_dtype=str(draft_dtype).replace("torch.", ""), device_map=device_map, device=str(target.device),
+                  command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
     journal.unlink(missing_ok=True)
     from ..bench import markdown_table, model_table
@@ -71,7 +73,7 @@ def run_tune(args) -> int:
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize
     from ..device import draft_dtype as _draft_dtype
-    from ..device import resolve_dtype
+    from ..device import resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..metrics import SpecStats
     from ..models import load
@@ -86,9 +88,10 @@ def run_tune(args) -> int:
     questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
-    dtype = resolve_dtype(args.dtype)
+    device_map = resolve_device_map(args.device_map)
+    dtype = resolve_dtype(args.dtype, device_map)
     draft_dtype = _draft_dtype(dtype, args.draft_dtype)
-    target, tok = load(args.target, dtype=dtype)
+    target, tok = load(args.target, dtype=dtype, device_map=device_map)
     drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=draft_dtype)  # built once, both runs
     spec = str(spec)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))

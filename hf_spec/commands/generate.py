@@ -19,15 +19,16 @@ def run(args) -> int:
         ValueError: bad input (an empty prompt, a bad drafter spec, a port out of range, ...), before any
             model loads where it can be told then.
     """
-    from ..device import resolve_dtype
+    from ..device import resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..models import load
 
     _check_args(args)
+    device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
     spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
     prompts = _read_prompts(args)
-    dtype = resolve_dtype(args.dtype)
-    model, tokenizer = load(args.target, dtype=dtype, quantization=args.quantization)
+    dtype = resolve_dtype(args.dtype, device_map)
+    model, tokenizer = load(args.target, dtype=dtype, device_map=device_map, quantization=args.quantization)
     drafter = make_drafter(spec, num_speculative_tokens=None if args.k == "auto" else args.k, target=model,
                            tokenizer=tokenizer, draft_dtype=args.draft_dtype)
     listeners = _metrics_listeners(args, drafter)
@@ -35,7 +36,8 @@ def run(args) -> int:
     draft_model = getattr(drafter, "draft_model", None)
     config = {"target": args.target, "drafter": args.drafter,
               "num_speculative_tokens": args.k if args.k is not None or drafter is None else drafter.num_speculative_tokens,
-              "dtype": str(dtype).replace("torch.", ""), "quantization": args.quantization,
+              "dtype": str(dtype).replace("torch.", ""), "device_map": device_map, "device": str(model.device),
+              "quantization": args.quantization,
               "draft_dtype": str(draft_model.dtype).replace("torch.", "") if draft_model is not None else None,
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
     if args.json:
@@ -103,6 +105,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     """Every prompt, ``--batch-size`` at a time, speculative then (``--compare``) plain; one row per prompt."""
     import torch
 
+    from ..device import clock
     from ..loop import generate as spec_generate
     from ..loop import generated_length
     from ..prompts import chat_inputs
@@ -131,9 +134,9 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
         spec_s += out.stats.total_s
         if args.compare:
             torch.manual_seed(args.seed)
-            t0 = time.perf_counter()
+            t0 = clock(model.device)
             base = model.generate(**inputs, **gen_kwargs)
-            batch_base_s = time.perf_counter() - t0
+            batch_base_s = clock(model.device) - t0
             base_s += batch_base_s
         for b in range(len(texts)):
             stats = out.stats.per_row.get(b, out.stats)
@@ -195,7 +198,7 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
     print()
     print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
-          f"batch size {config['batch_size']}]")
+          f"device {config['device']} batch size {config['batch_size']}]")
 
 
 def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> dict | None:

@@ -23,7 +23,7 @@ def run_train_medusa(args) -> int:
     settings.check()  # before loading the target
     if args.data != "specbench" and not Path(args.data).is_file():
         raise ValueError(f"no such data file: {args.data}")
-    model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype))
+    model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
     print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "
           f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s, "
