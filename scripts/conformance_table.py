@@ -3,7 +3,7 @@ architecture, one column per drafter x batch, each cell "exact" (greedy token-id
 k = 1, 3, auto and with a repetition penalty), "exact (near-tie)" or "refused: why", with the draft tokens'
 acceptance rate over the cell's runs. tests/test_conformance.py checks the verdicts against this file.
 
-    .venv/bin/python scripts/conformance_table.py        # about 25 s on a 2-core CPU
+    .venv/bin/python scripts/conformance_table.py        # about 25 s on a quiet 2-core CPU
 """
 
 from __future__ import annotations
