@@ -112,7 +112,7 @@ def generate(
         stopping_criteria=stopping_criteria,
         generation_config=generation_config,
         num_speculative_tokens=num_speculative_tokens,
-        cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before 5.2x
+        cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before transformers 5.24
         streamer=spec_streamer,
         event_listeners=event_listeners,
     )
