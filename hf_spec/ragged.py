@@ -15,6 +15,7 @@ Speculative Sampling"), with the masking and position handling of ``transformers
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -23,7 +24,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from transformers.generation.utils import ALL_CACHE_NAMES
 
-__all__ = ["RaggedCache", "crop_cache_to", "sliding_window", "layer_kinds", "check_cache_layers", "cache_kwarg"]
+__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg"]
 
 #: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
 #: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
@@ -31,10 +32,16 @@ CACHE_KWARG = "cache" if "cache" in ALL_CACHE_NAMES else "past_key_values"
 
 
 def cache_kwarg(model) -> str:
-    """The keyword under which ``model``'s forward (and ``generate``) takes its KV cache: ``"cache"`` or
-    ``"past_key_values"`` (:data:`CACHE_KWARG`, unless the forward's signature names only the other one)."""
+    """The keyword under which a model's forward (and ``generate``) takes its KV cache: ``"cache"`` or
+    ``"past_key_values"`` (:data:`CACHE_KWARG`, unless the forward's signature names only the other one).
+    ``model`` is a model or its class; read once per class (the loop asks at every forward)."""
+    return _cache_kwarg_of(model if isinstance(model, type) else type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(cls) -> str:
     try:
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         return CACHE_KWARG
     for name in (CACHE_KWARG, "cache", "past_key_values"):
@@ -76,13 +83,6 @@ def check_cache_layers(config, cache) -> None:
             "drafts and masks each row by itself, which it can do for full and sliding-window attention only "
             "(not for chunked attention, linear attention or other recurrent states); decode this model with "
             "plain model.generate")
-
-
-def sliding_window(cache) -> int | None:
-    """The smallest attention window of a ``transformers`` cache's layers (``DynamicSlidingWindowLayer``: Mistral,
-    Gemma 2/3, Phi-3, Qwen2 with ``use_sliding_window``), or ``None`` when every layer attends to everything."""
-    windows = [w for w in (getattr(layer, "sliding_window", None) for layer in getattr(cache, "layers", [])) if w]
-    return min(windows) if windows else None
 
 
 #: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
@@ -135,13 +135,13 @@ class RaggedCache:
         # what the model's layers are, from the config (a caller's empty DynamicCache() has no layers yet)
         reference = DynamicCache(config=config)
         check_cache_layers(config, reference)
-        self.window = sliding_window(reference)
+        windows = {layer.sliding_window for layer in reference.layers if getattr(layer, "sliding_window", None)}
+        self.window = min(windows) if windows else None
         cache = cache if cache is not None else reference
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         if self.window is not None:
-            windows = {layer.sliding_window for layer in reference.layers if getattr(layer, "sliding_window", None)}
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
                 raise ValueError(

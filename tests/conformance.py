@@ -15,7 +15,6 @@ greedy output that differs from ``generate`` counts as exact only where its firs
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -154,8 +153,8 @@ def make_drafter(kind: str, target, draft, k):
     return hf_spec.MedusaDrafter(heads.eval().to(device=DEVICE, dtype=DTYPE).bind(target), fixed or 3)
 
 
-def top2_gap(model, prefix: torch.Tensor, **kwargs) -> float:
-    """The target's top-1/top-2 logit gap after ``prefix`` (one row), with the call's processors' inputs."""
+def top2_gap(model, prefix: torch.Tensor) -> float:
+    """The target's top-1/top-2 logit gap after ``prefix`` (one row, no padding)."""
     with torch.no_grad():
         logits = model(input_ids=prefix).logits[0, -1].float()
     top = logits.topk(2).values
