@@ -102,7 +102,7 @@ class AdaptiveK:
     Raises:
         ValueError: a bound or setting out of range (NaN included).
 
-    Use: ``model.generate(..., custom_generate=hf_spec.generate, drafter=d, num_speculative_tokens="auto")``
+    Use: ``model.generate(..., custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d, num_speculative_tokens="auto")``
     or pass an ``AdaptiveK(...)`` instance as ``num_speculative_tokens`` to change its settings (each call runs
     its own copy of it, reset at the start, so one instance can configure concurrent calls).
     """
@@ -357,7 +357,7 @@ class CycleK(AdaptiveK):
         calls: one dict per generate call (the loop calls :meth:`reset` at the start of each), mapping the
             number of drafted positions d to a list of ``(draft_time_s, verify_time_s)`` of recorded steps.
 
-    Use: ``model.generate(..., custom_generate=hf_spec.generate, drafter=d, num_speculative_tokens=CycleK(1, 6))``.
+    Use: ``model.generate(..., custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d, num_speculative_tokens=CycleK(1, 6))``.
     """
 
     def __init__(self, k_min: int = 1, k_max: int = 8, repeat: int = 2):

@@ -63,7 +63,7 @@ def generate(self, *args, **kwargs):
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
         kwargs["stopping_criteria"] = criteria
-    out = original(*args, custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
+    out = original(*args, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, spec_streamer=streamer, **kwargs)
     return out if return_dict else out.sequences
 
 

@@ -190,7 +190,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     def run():
         try:
             result["out"] = models.target.generate(
-                **inputs, max_new_tokens=max_new_tokens, custom_generate=spec_generate, drafter=drafter,
+                **inputs, max_new_tokens=max_new_tokens, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
                 num_speculative_tokens=k if drafter is not None else None, event_listeners=[events.put],
                 stopping_criteria=stopping, tokenizer=tok, **sampling)
         except Exception as e:  # shown in the page

@@ -3,7 +3,7 @@ crop caches -> emit an event, until a stopping criterion ends the sequence.
 
 :func:`generate` is a ``transformers`` ``custom_generate`` decoding loop::
 
-    out = model.generate(**inputs, custom_generate=hf_spec.generate, drafter=drafter,
+    out = model.generate(**inputs, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                          num_speculative_tokens=5, max_new_tokens=128)
     out.sequences, out.stats
 
@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
-from transformers.utils import ModelOutput
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK, make_controller
@@ -41,15 +41,18 @@ logger = logging.getLogger("hf_spec")
 
 
 @dataclass
-class SpeculativeOutput(ModelOutput):
-    """What :func:`generate` returns.
+class SpeculativeOutput(GenerateDecoderOnlyOutput):
+    """What :func:`generate` returns with ``return_dict_in_generate=True``: transformers'
+    ``GenerateDecoderOnlyOutput`` (an instance of it) plus this call's statistics.
 
     Attributes:
         sequences: ``LongTensor[B, L + new]``, prompt and generated tokens.
+        scores: with ``output_scores=True``, a tuple of ``new`` tensors ``[B, V]``: the processed target scores that
+            chose each emitted token, as plain ``generate`` reports them.
+        logits: with ``output_logits=True``, the same for the unprocessed target logits.
         stats: :class:`~hf_spec.metrics.SpecStats` of this call.
     """
 
-    sequences: torch.LongTensor | None = None
     stats: SpecStats | None = None
 
 
@@ -70,7 +73,7 @@ def generate(
 ) -> SpeculativeOutput:
     """Speculative decoding as a ``transformers`` ``custom_generate`` callable.
 
-    Call it through ``model.generate(..., custom_generate=hf_spec.generate, drafter=..., ...)``; the
+    Call it through ``model.generate(..., custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=..., ...)``; the
     arguments up to ``streamer`` are supplied by ``generate``.
 
     Args:
@@ -94,7 +97,9 @@ def generate(
         **model_kwargs: prepared by ``generate`` (``cache``, ``attention_mask``, ``position_ids``, ...).
 
     Returns:
-        :class:`SpeculativeOutput` with ``sequences`` and ``stats``.
+        As ``generate``: the sequences ``LongTensor[B, L + new]``, or with ``return_dict_in_generate=True`` a
+        :class:`SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` /
+        ``logits`` when asked, and ``stats``).
 
     Raises:
         ValueError: beam search or ``num_return_sequences`` > 1, an empty prompt or all-padding row, a
@@ -103,7 +108,7 @@ def generate(
     """
     if streamer is not None:  # a future transformers may pass it on
         spec_streamer = spec_streamer or streamer
-    return speculative_decode(
+    out = speculative_decode(
         model,
         input_ids,
         drafter,
@@ -116,6 +121,7 @@ def generate(
         streamer=spec_streamer,
         event_listeners=event_listeners,
     )
+    return out if generation_config.return_dict_in_generate else out.sequences
 
 
 def _validate(model, input_ids, drafter, generation_config, cache, logits_processor) -> None:

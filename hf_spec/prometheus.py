@@ -13,7 +13,7 @@ Built on ``prometheus-client``::
 
     metrics = PrometheusMetrics()                  # its own registry; registry=prometheus_client.REGISTRY to share
     metrics.serve(9400)                            # http://127.0.0.1:9400/metrics
-    out = model.generate(..., custom_generate=hf_spec.generate, drafter=d,
+    out = model.generate(..., custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d,
                          event_listeners=[metrics.listener("draft")])   # live, step by step
     metrics.observe(out.stats, "draft")            # or: once per finished call (not both for one call)
 """

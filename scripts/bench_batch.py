@@ -67,7 +67,7 @@ def main() -> None:
     warm = chat_inputs(tok, [mixed[0].text, mixed[1].text])
     target.generate(**warm, max_new_tokens=4, do_sample=False)
     for d in drafters.values():
-        target.generate(**warm, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate, drafter=d)
+        target.generate(**warm, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d)
 
     results = []
     bar = tqdm(total=len(sizes) * args.repeats * (1 + len(drafters)), desc="bench_batch")
@@ -85,7 +85,7 @@ def main() -> None:
             runs["plain"].append(sum(base_len) / dt)
             bar.update()
             for spec, d in drafters.items():
-                out = target.generate(**inputs, **gen, custom_generate=hf_spec.generate, drafter=d)
+                out = target.generate(**inputs, **gen, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d)
                 runs[spec].append(out.stats.num_emitted_tokens / out.stats.total_s)
                 acceptance[spec].append(out.stats.acceptance_rate)
                 for b, n in enumerate(base_len):

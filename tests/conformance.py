@@ -200,7 +200,7 @@ def run_cell(target, draft, kind: str, batched: bool) -> Cell:
     for k, extra in RUNS:
         try:
             out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra,
-                                  custom_generate=hf_spec.generate, drafter=make_drafter(kind, target, draft, k),
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=make_drafter(kind, target, draft, k),
                                   num_speculative_tokens=k)
         except ValueError as e:
             return Cell(f"refused: {e}")
@@ -265,7 +265,7 @@ def sampled_counts(target, drafter, runs: int, seed: int = 0) -> dict[tuple[int,
     torch.manual_seed(seed)
     ids = torch.tensor([PROMPT] * runs, device=DEVICE)
     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SAMPLED_TOKENS + 1,
-                          custom_generate=hf_spec.generate, drafter=drafter, num_speculative_tokens=2,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter, num_speculative_tokens=2,
                           **INSTRUCT_SAMPLING)
     counts: dict[tuple[int, ...], int] = {}
     for row in out.sequences[:, len(PROMPT):len(PROMPT) + SAMPLED_TOKENS].tolist():

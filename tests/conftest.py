@@ -120,7 +120,7 @@ def check_greedy_identical(model, tokenizer, prompts, make_drafter, label, new_t
         enc = encode(tokenizer, q.text)
         base = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False)
         for k in ks:
-            out = model.generate(**enc, custom_generate=hf_spec.generate, drafter=make_drafter(k),
+            out = model.generate(**enc, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=make_drafter(k),
                                  max_new_tokens=new_tokens, do_sample=False)
             runs += 1
             j = first_divergence(out.sequences, base, enc["input_ids"].shape[1])

@@ -223,7 +223,7 @@ def test_bad_settings():
             AdaptiveK(**kw)
     target, _ = tiny_pair()
     with pytest.raises(ValueError, match="auto"):
-        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, custom_generate=hf_spec.generate,
+        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=hf_spec.NgramDrafter(2), num_speculative_tokens="fast")
 
 
@@ -240,7 +240,7 @@ def test_greedy_identical_whatever_k_auto_picks(tiny):
     base = target.generate(PROMPT, max_new_tokens=60, do_sample=False)
     for d in [hf_spec.DraftModelDrafter(draft, 3), hf_spec.NgramDrafter(3)]:
         controller = AdaptiveK(k_max=6, dwell_steps=1, margin=0.0)  # moves as often as it may
-        out = target.generate(PROMPT, max_new_tokens=60, do_sample=False, custom_generate=hf_spec.generate,
+        out = target.generate(PROMPT, max_new_tokens=60, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                               drafter=d, num_speculative_tokens=controller)
         j = first_divergence(out.sequences, base, PROMPT.shape[1])
         if j is not None:
@@ -259,7 +259,7 @@ def test_auto_in_a_batch_and_with_a_forced_off_policy(tiny):
     # off_below so high that every prediction fails: the loop decodes plainly after the dwell, then probes
     controller = AdaptiveK(off_below=100.0, off_steps=5, dwell_steps=2)
     out = target.generate(prompts, attention_mask=mask, max_new_tokens=40, do_sample=False,
-                          custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 3),
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(draft, 3),
                           num_speculative_tokens=controller)
     for b in range(2):
         j = first_divergence(out.sequences[b:b + 1], base[b:b + 1], prompts.shape[1])

@@ -141,7 +141,7 @@ def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
         for drafter in (hf_spec.DraftModelDrafter(draft, k), hf_spec.NgramDrafter(k)):
             events = []
             out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
-                                  custom_generate=hf_spec.generate, drafter=drafter, event_listeners=[events.append])
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter, event_listeners=[events.append])
             for b, a in enumerate(alone):
                 row = out.sequences[b, ids.shape[1]:].tolist()
                 assert row[: len(a)] == a, f"k={k} {drafter.method} row {b}"
@@ -178,7 +178,7 @@ def test_batch_processors_with_per_row_state_match_batched_generate(name):
             drafter = {"draft": lambda: hf_spec.DraftModelDrafter(draft, k), "ngram": lambda: hf_spec.NgramDrafter(k),
                        "medusa": lambda: hf_spec.MedusaDrafter(random_heads(n=3, seed=1).bind(target), k)}[name]()
             out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos,
-                                  custom_generate=hf_spec.generate, drafter=drafter, **kw)
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter, **kw)
             assert out.sequences.tolist() == ref.tolist(), (kw, k)
 
 
@@ -188,8 +188,8 @@ def test_classifier_free_guidance_is_refused_with_a_drafter():
     target, draft = tiny_pair()
     with pytest.raises(ValueError, match="classifier-free guidance"):
         target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5,
-                        custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 2))
+                        custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(draft, 2))
     ref = target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5)
     out = target.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=6, do_sample=False, guidance_scale=1.5,
-                          custom_generate=hf_spec.generate, drafter=None)
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=None)
     assert out.sequences.tolist() == ref.tolist()

@@ -68,7 +68,7 @@ def test_medusa_survives_plain_steps_between_drafts(schedule):
     heads = random_heads(n=3, seed=1).bind(target)
     ref = target.generate(PROMPT, max_new_tokens=30, do_sample=False)
     seen = []
-    out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=MedusaDrafter(heads, 3), num_speculative_tokens=Schedule(schedule),
                           event_listeners=[seen.append])
     assert torch.equal(out.sequences, ref)
@@ -92,7 +92,7 @@ def test_medusa_with_auto_k_is_greedy_identical():
     target = _target()
     heads = random_heads(n=3, seed=1).bind(target)
     ref = target.generate(PROMPT, max_new_tokens=80, do_sample=False)
-    out = target.generate(PROMPT, max_new_tokens=80, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(PROMPT, max_new_tokens=80, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=MedusaDrafter(heads), num_speculative_tokens=AdaptiveK(off_steps=2))
     assert torch.equal(out.sequences, ref)
     assert 0 in out.stats.k_per_step[4:] and any(k > 0 for k in out.stats.k_per_step)
@@ -107,7 +107,7 @@ def test_two_threads_on_one_target_never_share_hidden_states():
 
     def run(drafter, prompt):
         seen = []
-        target.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+        target.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=drafter, event_listeners=[seen.append])
         return [e.drafted[0] for e in seen]
 
@@ -127,7 +127,7 @@ def test_one_draft_model_drafter_serves_two_threads_at_once():
 
     def run(inputs):
         seen = []
-        out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
+        out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                               drafter=drafter, event_listeners=[seen.append])
         return out.sequences.tolist(), [e.drafted for e in seen]
 
@@ -143,7 +143,7 @@ def test_one_adaptive_k_configures_concurrent_calls():
     controller = AdaptiveK(k_max=8, dwell_steps=1, margin=0.0, off_below=0.0)
     jobs = [MedusaDrafter(random_heads(n=2, seed=1).bind(target)), MedusaDrafter(random_heads(n=4, seed=2).bind(target))]
     def run(drafter):
-        out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+        out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                               drafter=drafter, num_speculative_tokens=controller)
         return max(out.stats.k_per_step)
 
@@ -162,7 +162,7 @@ def test_medusa_heads_shared_by_two_targets_draft_from_each_calls_target():
 
     def drafts(target):
         seen = []
-        target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter,
+        target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                         event_listeners=[seen.append])
         return [e.drafted[0] for e in seen]
 
@@ -183,7 +183,7 @@ def test_statistics_record_the_k_the_drafter_was_asked_for():
             seen.append(k)
             return super().draft(sequences, k)
 
-    out = target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=Asked(), num_speculative_tokens=10**6)
     assert max(out.stats.k_per_step) <= 7 and len(out.stats.acceptance_by_position) <= 7
     assert [k for k in out.stats.k_per_step if k] == seen
@@ -192,7 +192,7 @@ def test_statistics_record_the_k_the_drafter_was_asked_for():
 def test_no_hook_is_left_on_the_target():
     target = _target()
     drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
-    target.generate(PROMPT, max_new_tokens=10, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter)
+    target.generate(PROMPT, max_new_tokens=10, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
     lm_head = target.get_output_embeddings()
     assert not lm_head._forward_pre_hooks and not lm_head._forward_hooks
 
@@ -203,11 +203,11 @@ def test_a_call_never_changes_the_drafters_k(make):
     target, draft = tiny_pair()
     drafter = make(draft)
     for k in (2, "auto", 1):
-        target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
+        target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=drafter, num_speculative_tokens=k)
         assert drafter.num_speculative_tokens == 5
     seen = []
-    target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter,
+    target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                     event_listeners=[seen.append])
     ks = [e.num_speculative_tokens for e in seen[1:]]
     assert ks[0] == 5 and max(ks) == 5  # the drafter's own k (smaller only where max_new_tokens leaves less)
@@ -258,7 +258,7 @@ def test_the_drafter_is_told_every_forward_with_the_targets_hidden_states(arch, 
 
     monkeypatch.setattr(Recording, "start", start)
     events = []
-    out = target.generate(prompt, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(prompt, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=drafter, num_speculative_tokens=Schedule([3, 0, 2]), event_listeners=[events.append])
     assert not hasattr(drafter, "told")  # the caller's object is untouched; the call's copy was told
     told = sessions[0].told
@@ -284,7 +284,7 @@ def test_hidden_states_only_for_drafters_that_ask(monkeypatch):
     target = _tiny("llama")
     seen = []
     monkeypatch.setattr(hf_spec.NgramDrafter, "update", lambda self, verified: seen.append(verified.hidden_states))
-    target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate,
+    target.generate(PROMPT, max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                     drafter=hf_spec.NgramDrafter(2))
     assert seen and all(h is None for h in seen)
 
@@ -335,11 +335,11 @@ def test_a_fixed_k_above_what_the_drafter_proposes_is_refused_before_any_work():
     target = _target()
     drafter = MedusaDrafter(random_heads(n=2, seed=1).bind(target))
     with pytest.raises(ValueError, match="at most 2 tokens per step"):
-        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter,
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                         num_speculative_tokens=3)
     for bad in (0, -1, 2.5, "fast", True):
         with pytest.raises(ValueError, match="integer >= 1"):
-            target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter,
+            target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                             num_speculative_tokens=bad)
 
 
@@ -430,7 +430,7 @@ def test_malformed_drafts_are_clear_errors(make, msg, monkeypatch):
     target = _target()
     monkeypatch.setattr(Malformed, "make", staticmethod(make))
     with pytest.raises(ValueError, match=msg) as info:
-        target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate,
+        target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=Malformed(3))
     assert "Malformed.draft" in str(info.value) and "Writing a drafter" in str(info.value)
 
@@ -442,5 +442,5 @@ def test_a_sampling_drafter_without_scores_is_refused(monkeypatch):
     original = hf_spec.DraftModelDrafter.draft
     monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft", lambda self, s, k: original(self, s, k)[:2] + (None,))
     with pytest.raises(ValueError, match="no scores under sampling"):
-        target.generate(PROMPT, max_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, drafter=drafter)
-    target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, drafter=drafter)
+        target.generate(PROMPT, max_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
+    target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)

@@ -31,7 +31,7 @@ def test_greedy_identical_at_length_edges(tiny, k):
         base = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False)
         for d in _drafters(draft, k):
             out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False,
-                                  custom_generate=hf_spec.generate, drafter=d)
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d)
             assert out.sequences.shape[1] <= PROMPT.shape[1] + max_new
             j = first_divergence(out.sequences, base, PROMPT.shape[1])
             if j is not None:  # allowed only at a numerical near-tie
@@ -41,7 +41,7 @@ def test_greedy_identical_at_length_edges(tiny, k):
 def test_statistics_identities(tiny):
     target, draft = tiny
     for d in _drafters(draft, 4):
-        out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, drafter=d)
+        out = target.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d)
         s = out.stats
         assert s.new_tokens == out.sequences.shape[1] - PROMPT.shape[1]
         assert s.num_emitted_tokens == s.num_accepted_tokens + s.num_row_steps
@@ -68,7 +68,7 @@ def test_events_and_streamer_see_every_token(tiny):
             self.ended = True
 
     events, streamer = [], Collect()
-    out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=hf_spec.DraftModelDrafter(draft, 3), spec_streamer=streamer,
                           event_listeners=[events.append])
     new = out.sequences[0, PROMPT.shape[1]:].tolist()
@@ -82,7 +82,7 @@ def test_events_and_streamer_see_every_token(tiny):
 
 def test_enable_drafters_entry_point_gives_the_loop_result(tiny):
     target, draft = tiny
-    ref = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+    ref = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                           drafter=hf_spec.NgramDrafter(3))
     hf_spec.enable_drafters(target)
     hf_spec.enable_drafters(target)  # idempotent
@@ -135,7 +135,7 @@ def test_crop_cache_to_uses_transformers_crop_semantics(tiny):
 def _gen(target, drafter=None, **kw):
     kw.setdefault("max_new_tokens", 4)
     inputs = kw.pop("input_ids", PROMPT)
-    return target.generate(inputs, custom_generate=hf_spec.generate, drafter=drafter, **kw)
+    return target.generate(inputs, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter, **kw)
 
 
 def test_k_below_one_is_refused(tiny):

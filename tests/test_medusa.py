@@ -71,9 +71,9 @@ def test_mismatches_are_clear_errors(tmp_path):
         MedusaDrafter(random_heads(n=3), num_speculative_tokens=4)
     drafter = MedusaDrafter(random_heads(hidden=16))
     with pytest.raises(MedusaCheckpointError, match="hidden size"):
-        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate, drafter=drafter)
+        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate,
+        target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=MedusaDrafter(random_heads(n=3)), num_speculative_tokens=5)
 
 
@@ -156,7 +156,7 @@ def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position():
     ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                    custom_generate=hf_spec.generate, drafter=drafter)
+                    custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
     assert len(rec.seen) == len(seqs) > 3
     for hidden, rows in zip(rec.seen, seqs):
         for b, seq in enumerate(rows):
@@ -176,7 +176,7 @@ def test_greedy_batch_is_token_identical(variant):
     for k in (1, 2, 4):
         ref = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
         out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
-                              custom_generate=hf_spec.generate, drafter=MedusaDrafter(heads, k))
+                              custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=MedusaDrafter(heads, k))
         assert torch.equal(out.sequences, ref)
         for b in range(len(prompts)):
             one = target.generate(input_ids=torch.tensor([prompts[b]]), max_new_tokens=20, do_sample=False)

@@ -50,7 +50,7 @@ def test_greedy_identical_with_a_padded_draft(target, rows):
     ref = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
     for k in (1, 3):
         drafter = hf_spec.DraftModelDrafter(padded_draft(rows, 11), k, tokenizer=tok, draft_tokenizer=tok)
-        out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate,
+        out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                               drafter=drafter)
         assert out.sequences.tolist() == ref.tolist()
         assert out.stats.num_draft_tokens > 0
@@ -66,7 +66,7 @@ def test_sampling_exact_with_a_padded_draft(target):
 
 def test_different_rows_without_tokenizers_are_refused_with_what_to_pass(target):
     with pytest.raises(hf_spec.VocabularyMismatchError, match="pass tokenizer= and draft_tokenizer="):
-        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate,
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=hf_spec.DraftModelDrafter(padded_draft(V + 6, 11), 2))
     with pytest.raises(hf_spec.VocabularyMismatchError, match="differs from the target tokenizer"):
         hf_spec.DraftModelDrafter(padded_draft(V + 6, 11), 2, tokenizer=Tok({"a": 0}), draft_tokenizer=Tok({"b": 0}))

@@ -37,7 +37,7 @@ def test_served_metrics_equal_the_statistics():
         for method, drafter in [("draft", hf_spec.DraftModelDrafter(draft, 3)), ("ngram", hf_spec.NgramDrafter(4))]:
             total = hf_spec.SpecStats()
             for max_new in (20, 31):  # two calls: the counters add up across calls
-                out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate,
+                out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                                       drafter=drafter, event_listeners=[metrics.listener(method)])
                 total.merge(out.stats)
             totals[method] = total

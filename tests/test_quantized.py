@@ -92,7 +92,7 @@ def test_fused_bfloat16_layers_are_reported(prompts, caplog):
     tok = hf_spec.load("smollm2-135m")[1]
     assert len(bitsandbytes_bf16_layers(model)) == 30 * 7
     with caplog.at_level("WARNING", logger="hf_spec"):
-        model.generate(**encode(tok, prompts[0].text), custom_generate=hf_spec.generate,
+        model.generate(**encode(tok, prompts[0].text), custom_generate=hf_spec.generate, return_dict_in_generate=True,
                        drafter=hf_spec.NgramDrafter(3), max_new_tokens=4, do_sample=False)
     assert "honor_bitsandbytes_compute_dtype" in caplog.text
     with pytest.raises(ValueError, match="right after loading"):
@@ -152,5 +152,5 @@ def test_an_offloaded_draft_is_refused(offloaded, smol):
     target, tok = smol
     enc = encode(tok, "Write a python function that reverses a string.")
     with pytest.raises(ValueError, match="draft model is partly offloaded"):
-        target.generate(**enc, custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(offloaded[0], 3),
+        target.generate(**enc, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(offloaded[0], 3),
                         max_new_tokens=4, do_sample=False)

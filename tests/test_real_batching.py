@@ -63,7 +63,7 @@ def test_each_row_equals_its_unbatched_generate(smol, smol_drafts, cases, batch_
     for name, drafter in [("ngram k=4", hf_spec.NgramDrafter(4)),
                           ("draft-bf16 k=5", hf_spec.DraftModelDrafter(smol_drafts["bf16"], 5)),
                           ("draft-skip k=3", hf_spec.DraftModelDrafter(smol_drafts["skip"], 3))]:
-        out = model.generate(**enc, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate,
+        out = model.generate(**enc, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                              drafter=drafter)
         assert out.sequences.shape[0] == batch_size
         for b, (_, ids, ref) in enumerate(batch):

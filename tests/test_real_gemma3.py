@@ -76,7 +76,7 @@ def test_past_the_window_greedy_identical(gemma3, articles, self_draft):
     assert base.shape[1] == ids.shape[1] + NEW
     for name, drafter in drafters(self_draft).items():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                             custom_generate=hf_spec.generate, drafter=drafter)
+                             custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
         assert_identical(model, out.sequences, base, mask, name)
         if name == "self-draft":  # drafts both accepted and rejected (rolled back) past the window
             assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
@@ -93,5 +93,5 @@ def test_left_padded_batch_past_the_window_greedy_identical(gemma3, articles, se
     base = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     for name, drafter in drafters(self_draft).items():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                             custom_generate=hf_spec.generate, drafter=drafter)
+                             custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
         assert_identical(model, out.sequences, base, mask, f"batch {name}")

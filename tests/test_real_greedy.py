@@ -47,7 +47,7 @@ def test_custom_generate_entry_point_is_greedy_exact(smol, smol_drafts, baseline
     for k in KS:
         for q, enc, base in baselines:
             drafter = hf_spec.NgramDrafter(k) if drafter_name == "ngram" else hf_spec.DraftModelDrafter(smol_drafts["bf16"], k)
-            out = model.generate(**enc, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate,
+            out = model.generate(**enc, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                                  drafter=drafter, tokenizer=tok)
             check_same(model, out.sequences, base, enc["input_ids"].shape[1], f"{drafter_name} k={k} q{q.question_id}")
             assert out.stats.num_emitted_tokens == out.stats.num_accepted_tokens + out.stats.num_target_forwards
@@ -73,7 +73,7 @@ def test_max_new_tokens_edges(smol, smol_drafts, specbench_prompts, k):
     for max_new in sorted({1, max(k - 1, 1), k, k + 1}):
         base = model.generate(**enc, max_new_tokens=max_new, do_sample=False)
         for drafter in (hf_spec.NgramDrafter(k), hf_spec.DraftModelDrafter(smol_drafts["bf16"], k)):
-            out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate,
+            out = model.generate(**enc, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                                  drafter=drafter)
             assert out.sequences.shape[1] == base.shape[1] <= L + max_new
             check_same(model, out.sequences, base, L, f"max_new={max_new} k={k}")
@@ -90,7 +90,7 @@ def test_eos_inside_a_draft(smol, smol_drafts):
         enc = encode(tok, text)
         base = model.generate(**enc, max_new_tokens=40, do_sample=False)
         events = []
-        out = model.generate(**enc, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate,
+        out = model.generate(**enc, max_new_tokens=40, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                              drafter=hf_spec.DraftModelDrafter(smol_drafts["bf16"], 8), event_listeners=[events.append])
         check_same(model, out.sequences, base, enc["input_ids"].shape[1], f"eos {text}")
         assert out.sequences[0, -1].item() == eos and base[0, -1].item() == eos
@@ -109,7 +109,7 @@ def test_stop_strings(smol):
     base = model.generate(**enc, max_new_tokens=48, do_sample=False, stop_strings=["return"], tokenizer=tok)
     assert tok.decode(base[0, L:]).endswith("return")
     # custom_generate: transformers 5 drops tokenizer= for custom loops, so pass the criterion itself
-    out = model.generate(**enc, max_new_tokens=48, do_sample=False, custom_generate=hf_spec.generate,
+    out = model.generate(**enc, max_new_tokens=48, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                          drafter=hf_spec.NgramDrafter(5),
                          stopping_criteria=StoppingCriteriaList([StopStringCriteria(tok, ["return"])]))
     check_same(model, out.sequences, base, L, "stop strings")

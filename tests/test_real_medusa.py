@@ -42,7 +42,7 @@ def test_greedy_token_identical_on_specbench(smol, smol_heads, specbench_prompts
         inputs = chat_inputs(tok, q.text)
         ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
         k = ks[i % len(ks)]
-        out = model.generate(**inputs, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate,
+        out = model.generate(**inputs, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                              drafter=MedusaDrafter(smol_heads, k))
         stats.merge(out.stats)
         if not torch.equal(out.sequences, ref):
@@ -61,7 +61,7 @@ def test_greedy_batch_token_identical(smol, smol_heads, specbench_prompts):
     model, tok = smol
     texts = [q.text for q in specbench_prompts[:6]]
     inputs = chat_inputs(tok, texts)
-    out = model.generate(**inputs, max_new_tokens=32, do_sample=False, custom_generate=hf_spec.generate,
+    out = model.generate(**inputs, max_new_tokens=32, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                          drafter=MedusaDrafter(smol_heads, smol_heads.num_heads))
     width = inputs["input_ids"].shape[1]
     for b, text in enumerate(texts):

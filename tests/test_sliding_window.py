@@ -47,7 +47,7 @@ def test_exact_within_and_past_the_window_single_and_batched(window, attn):
         for k in (1, 3):
             for drafter in drafters(draft, target, k):
                 steps = []
-                out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate,
+                out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                                       drafter=drafter, event_listeners=[steps.append])
                 assert out.sequences.tolist() == ref.tolist(), (drafter.method, k)
                 if window == 8 and drafter.method != "medusa":  # rejections happened past the window
@@ -73,7 +73,7 @@ def test_other_attention_implementations_are_refused_before_any_work():
     target = tiny_mistral(8)
     target.config._attn_implementation = "flex_attention"  # as loaded with attn_implementation=...
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
-        target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                         drafter=hf_spec.NgramDrafter(3))
 
 
@@ -89,11 +89,11 @@ def test_a_callers_empty_cache_keeps_the_window_masks_and_the_refusals():
     kwarg = cache_kwarg(target)  # the keyword this transformers' generate takes
     ref = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False)
     out = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False,
-                          custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
     assert out.sequences.tolist() == ref.tolist()
     chunked = C.build(next(a for a in C.ARCHITECTURES if a.refusal == "chunked_attention"))
     with pytest.raises(ValueError, match="chunked_attention"):
-        chunked.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
+        chunked.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                          drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
 
 

@@ -157,7 +157,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     if method.kind == "baseline":
         kwargs["streamer"] = timer
     elif method.kind == "hf-spec":
-        kwargs.update(custom_generate=spec_generate, drafter=drafters[method.spec], spec_streamer=timer,
+        kwargs.update(custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafters[method.spec], spec_streamer=timer,
                       num_speculative_tokens=method.k)
     elif method.kind == "hf-assisted":
         # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs

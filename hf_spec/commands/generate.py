@@ -120,7 +120,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     # warm-up, so that one-time costs land on neither side of the comparison
     warm = chat_inputs(tokenizer, prompts[0], args.chat)
     model.generate(**warm, max_new_tokens=2, do_sample=False, tokenizer=tokenizer)
-    model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, drafter=drafter,
+    model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
                    tokenizer=tokenizer)
 
     rows, spec_s, base_s = [], 0.0, 0.0
@@ -129,7 +129,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
         inputs = chat_inputs(tokenizer, texts, args.chat)
         prompt_len = inputs["input_ids"].shape[1]
         torch.manual_seed(args.seed)
-        out = model.generate(**inputs, custom_generate=spec_generate, drafter=drafter, event_listeners=listeners,
+        out = model.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, event_listeners=listeners,
                              num_speculative_tokens=k_call, **gen_kwargs)
         spec_s += out.stats.total_s
         if args.compare:
