@@ -17,6 +17,7 @@ greedy exactness tests bound as near-ties.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import torch
@@ -73,7 +74,9 @@ def _route(model: torch.nn.Module, forward, min_weight: int = 0) -> int:
         if (type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook")
                 and module.weight.numel() >= min_weight):
             if getattr(module, "_hf_spec_forward", None) is not forward:
-                module.forward = forward.__get__(module)
+                # a partial of a module-level function, not a bound method: the model still pickles and deep-copies
+                # (pickle rebuilds a bound method by looking its function's name up on the module, which fails)
+                module.forward = functools.partial(forward, module)
                 module._hf_spec_forward = forward
             count += 1
     return count

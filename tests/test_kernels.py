@@ -64,3 +64,22 @@ def test_upcast_prefill_only_for_many_rows():
     exact = torch.nn.functional.linear(x_big.float(), lin.weight.float(), lin.bias.float())
     torch.testing.assert_close(lin(x_big).float(), exact, rtol=1e-2, atol=1e-2)
     assert lin(x_big).dtype == torch.bfloat16
+
+
+def test_routed_models_still_pickle_and_deep_copy():
+    """A model that ran hf-spec keeps its routed linear layers; a bound method there broke pickle.loads (it looks
+    the function's name up on the module) and copies. The copy must route through its own weights."""
+    import copy
+    import pickle
+
+    for install, dtype in ((install_verify_linear, torch.float32), (install_upcast_prefill, torch.bfloat16)):
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024)).to(dtype)
+        assert install(model) == 1
+        x = torch.randn(64, 1024, dtype=dtype)
+        for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+            with torch.no_grad():
+                clone[0].weight.mul_(2)
+                with verify_linear():
+                    assert torch.allclose(clone(x).float(), torch.nn.functional.linear(
+                        x.float(), clone[0].weight.float(), clone[0].bias.float()), rtol=2e-2, atol=2e-2)
+                    assert not torch.allclose(clone(x).float(), model(x).float(), rtol=2e-2, atol=2e-2)
