@@ -442,5 +442,5 @@ def test_a_sampling_drafter_without_scores_is_refused(monkeypatch):
     original = hf_spec.DraftModelDrafter.draft
     monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft", lambda self, s, k: original(self, s, k)[:2] + (None,))
     with pytest.raises(ValueError, match="no scores under sampling"):
-        target.generate(PROMPT, max_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
+        target.generate(PROMPT, max_new_tokens=6, min_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
     target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
