@@ -5,7 +5,7 @@ Public names only; see the user guide in ``docs/``.
 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK
-from .assisted import enable_drafters
+from .assisted import disable_drafters, enable_drafters
 from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VerifyOutput, VocabularyMismatchError,
                        make_drafter, register_drafter)
 from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
@@ -22,6 +22,6 @@ __all__ = [
     "make_drafter", "register_drafter", "prompts",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
+    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
 ]
 __version__ = "0.1.0"

@@ -1,37 +1,61 @@
-"""``model.generate(assistant_model=<hf-spec drafter>)``: the one line of set-up that makes it work.
+"""One line that moves existing transformers code onto hf-spec's loop: :func:`enable_drafters`.
 
-transformers' own assisted generation builds its ``AssistedCandidateGenerator`` from ``assistant_model``
-and expects a model there. :func:`enable_drafters` wraps one model's ``generate`` so that when
-``assistant_model`` is an hf-spec :class:`~hf_spec.drafters.base.Drafter`, the call runs through the
-public ``custom_generate`` hook with hf-spec's loop (:func:`hf_spec.loop.generate`): the same tokens and
-statistics as calling that loop directly. Any other call goes to the original ``generate`` unchanged.
-No private transformers function is used.
+transformers' own speculative decoding is asked for with ``assistant_model=`` (a draft model, with
+``num_assistant_tokens``) or ``prompt_lookup_num_tokens=`` (prompt lookup, with ``max_matching_ngram_size``).
+After :func:`enable_drafters`, the same calls run hf-spec's loop (:func:`hf_spec.loop.generate`) with the matching
+drafter through the public ``custom_generate`` hook, and an hf-spec
+:class:`~hf_spec.drafters.base.Drafter` is accepted as ``assistant_model`` too; return values, streamers, stop
+strings and statistics behave as in ``generate``. Everything else goes to the model class's own ``generate``
+unchanged. No private transformers function is used.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import logging
 import types
 
+import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
 
 from .drafters.base import Drafter
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.ngram import NgramDrafter
 from .loop import generate as spec_generate
 
-__all__ = ["enable_drafters"]
+__all__ = ["enable_drafters", "disable_drafters", "drafter_for"]
+
+logger = logging.getLogger("hf_spec")
+
+#: transformers' assisted-generation settings this module reads (in ``generate``'s kwargs or the generation config)
+_ASSISTED_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+                  "prompt_lookup_num_tokens", "max_matching_ngram_size")
 
 
 def enable_drafters(model):
-    """Let ``model.generate(..., assistant_model=drafter)`` take hf-spec drafters. Returns ``model``.
+    """Run ``model.generate``'s speculative decoding calls on hf-spec's loop. Returns ``model``.
 
-    Example::
+    After it, on this model instance:
 
-        hf_spec.enable_drafters(model)
-        out = model.generate(**inputs, assistant_model=hf_spec.NgramDrafter(5), max_new_tokens=64)
+    - ``generate(..., assistant_model=draft_model)`` (a transformers model with the target's tokenizer) runs a
+      :class:`~hf_spec.drafters.draft_model.DraftModelDrafter`; ``num_assistant_tokens=N`` sets k (else the
+      drafter's default k); ``num_assistant_tokens_schedule="heuristic"`` maps to hf-spec's adaptive k
+      (``"auto"``). transformers' ``assistant_confidence_threshold`` has no counterpart and is ignored (the
+      output is exact either way).
+    - ``generate(..., prompt_lookup_num_tokens=N, max_matching_ngram_size=M)`` runs an
+      :class:`~hf_spec.drafters.ngram.NgramDrafter` with k = N and suffixes of M (default 2, as transformers)
+      down to 1 tokens.
+    - ``generate(..., assistant_model=<hf-spec Drafter>)`` runs that drafter.
 
-    With a drafter, the call returns :class:`hf_spec.loop.SpeculativeOutput` (``.sequences``, ``.stats``)
-    when ``return_dict_in_generate=True``, else the sequences tensor, as ``generate`` does. ``streamer=``
-    and ``stop_strings=`` (with ``tokenizer=``) work as in ``generate``. Idempotent.
+    The settings may come from the call or from the generation config (the model's or ``generation_config=``).
+    A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), and every call without
+    an assistant, go to transformers' own ``generate`` unchanged.
+
+    The call returns what ``generate`` returns: the sequences tensor, or with ``return_dict_in_generate=True``
+    a :class:`hf_spec.loop.SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput``: ``sequences``,
+    ``scores`` / ``logits`` when asked, plus ``stats``). ``streamer=`` and ``stop_strings=`` (with
+    ``tokenizer=``) work as in ``generate``. Idempotent; :func:`disable_drafters` undoes it.
 
     The model gets a bound method, not a closure over it: ``copy.deepcopy(model)`` is enabled too and runs the
     copy's own weights; a pickled model unpickles with transformers' plain ``generate`` (enable it again).
@@ -42,17 +66,66 @@ def enable_drafters(model):
     return model
 
 
+def disable_drafters(model):
+    """Undo :func:`enable_drafters`: ``model.generate`` is the model class's own again. Returns ``model``;
+    a model that was not enabled is returned unchanged."""
+    if getattr(model.__dict__.get("generate"), "_hf_spec_enabled", False):
+        del model.generate
+    return model
+
+
+def drafter_for(model, kwargs: dict) -> Drafter | None:
+    """The hf-spec drafter that stands for a ``generate`` call's transformers assistant settings, or ``None``
+    when the call asks for none (or for one hf-spec cannot run exactly). Removes the settings it used from
+    ``kwargs``.
+
+    Args:
+        model: the target.
+        kwargs: the keyword arguments of a ``generate`` call (changed in place).
+
+    Raises:
+        ValueError: both ``assistant_model`` and ``prompt_lookup_num_tokens`` (as transformers), or a k < 1.
+    """
+    config = kwargs.get("generation_config") or model.generation_config
+
+    def setting(key):
+        return kwargs[key] if kwargs.get(key) is not None else getattr(config, key, None)
+
+    assistant = kwargs.get("assistant_model")
+    lookup = setting("prompt_lookup_num_tokens")
+    if assistant is not None and lookup is not None:
+        raise ValueError("pass either assistant_model or prompt_lookup_num_tokens, not both (as transformers)")
+    if isinstance(assistant, Drafter):
+        drafter = assistant
+    elif assistant is not None:
+        if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
+            return None  # universal assisted decoding (another tokenizer): transformers' own loop
+        drafter = DraftModelDrafter(assistant, setting("num_assistant_tokens"))
+        if setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
+            kwargs["num_speculative_tokens"] = "auto"
+    elif lookup is not None:
+        drafter = NgramDrafter(lookup, max_ngram=setting("max_matching_ngram_size") or 2, min_ngram=1)
+    else:
+        return None
+    kwargs.pop("assistant_model", None)
+    for key in _ASSISTED_KEYS:
+        kwargs.pop(key, None)
+    if any(getattr(config, key, None) is not None for key in _ASSISTED_KEYS):
+        # the loop must not see transformers' own assisted settings (its mode check would run on them)
+        config = copy.deepcopy(config)
+        for key in _ASSISTED_KEYS:
+            setattr(config, key, None)
+        kwargs["generation_config"] = config
+    return drafter
+
+
 def generate(self, *args, **kwargs):
-    """``generate`` of a model after :func:`enable_drafters`: hf-spec's loop for an hf-spec drafter as
-    ``assistant_model``, transformers' own ``generate`` (of the model's class) for everything else."""
+    """``generate`` of a model after :func:`enable_drafters`: hf-spec's loop for a call with an assistant (see
+    there), transformers' own ``generate`` (of the model's class) for everything else."""
     original = functools.partial(type(self).generate, self)
-    drafter = kwargs.get("assistant_model")
-    if not isinstance(drafter, Drafter):
+    drafter = drafter_for(self, kwargs)
+    if drafter is None:
         return original(*args, **kwargs)
-    kwargs.pop("assistant_model")
-    return_dict = kwargs.pop("return_dict_in_generate", None)
-    if return_dict is None:
-        return_dict = bool(getattr(self.generation_config, "return_dict_in_generate", False))
     streamer = kwargs.pop("streamer", None)
     stop_strings = kwargs.pop("stop_strings", None)
     if stop_strings:
@@ -63,8 +136,7 @@ def generate(self, *args, **kwargs):
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
         kwargs["stopping_criteria"] = criteria
-    out = original(*args, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, spec_streamer=streamer, **kwargs)
-    return out if return_dict else out.sequences
+    return original(*args, custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
 
 
 generate._hf_spec_enabled = True

@@ -5,7 +5,7 @@ crop caches -> emit an event, until a stopping criterion ends the sequence.
 
     out = model.generate(**inputs, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
                          num_speculative_tokens=5, max_new_tokens=128)
-    out.sequences, out.stats
+    out.sequences, out.stats          # without return_dict_in_generate: the sequences tensor, as generate
 
 ``transformers`` prepares the generation config, the logits processors (temperature, top-k, top-p,
 repetition penalty, ...), the stopping criteria (EOS, ``max_new_tokens``, stop strings) and the cache, then
@@ -14,8 +14,10 @@ calls this loop, which verifies with the one acceptance rule of :mod:`hf_spec.ac
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -90,8 +92,9 @@ def generate(
             (or an :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from
             running measurements and switches speculation off where it does not pay. Never written onto the
             drafter: the loop passes each step's k to ``drafter.draft``.
-        spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``). Pass it under
-            this name: transformers 5 does not hand ``streamer=`` on to ``custom_generate`` callables.
+        spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``), the prompt
+            put first. ``streamer=`` works too: transformers 5 puts the prompt into it and does not hand it on to
+            ``custom_generate`` callables, so the loop takes it from ``generate``'s frame.
         event_listeners: callables that receive each :class:`~hf_spec.events.StepEvent`.
         tokenizer: the target tokenizer (needed for ``stop_strings``; ``generate`` uses it for them).
         **model_kwargs: prepared by ``generate`` (``cache``, ``attention_mask``, ``position_ids``, ...).
@@ -106,8 +109,15 @@ def generate(
             right-padded batch, k < 1 or above what the drafter can propose, a streamer with batch size > 1,
             or a cache that cannot be cropped.
     """
-    if streamer is not None:  # a future transformers may pass it on
-        spec_streamer = spec_streamer or streamer
+    # transformers' generate puts the prompt into its streamer= and then drops it for custom_generate callables
+    # (5.x): take it from generate's frame, so the tokens and end() reach it and a TextIteratorStreamer ends
+    streamer = streamer if streamer is not None else _generate_streamer()
+    if spec_streamer is not None:
+        if streamer is not None and streamer is not spec_streamer:
+            raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
+        if streamer is None and input_ids.shape[0] == 1:  # a batch gets the loop's error below
+            spec_streamer.put(input_ids.cpu())  # the prompt first, as generate does with its own streamer
+        streamer = spec_streamer
     out = speculative_decode(
         model,
         input_ids,
@@ -118,10 +128,19 @@ def generate(
         generation_config=generation_config,
         num_speculative_tokens=num_speculative_tokens,
         cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before transformers 5.24
-        streamer=spec_streamer,
+        streamer=streamer,
         event_listeners=event_listeners,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
+
+
+def _generate_streamer():
+    """The ``streamer`` local of transformers' ``generate`` when it called this loop as ``custom_generate`` (it
+    has put the prompt there already), else ``None``."""
+    frame = sys._getframe(2)  # generate -> generate(), the custom_generate callable -> here
+    if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+        return frame.f_locals.get("streamer")
+    return None
 
 
 def _validate(model, input_ids, drafter, generation_config, cache, logits_processor) -> None:
@@ -134,6 +153,12 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         )
     if (generation_config.num_beams or 1) > 1:
         raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
+    if generation_config.return_dict_in_generate and (generation_config.output_attentions
+                                                      or generation_config.output_hidden_states):
+        raise ValueError(
+            "output_attentions / output_hidden_states are not returned by speculative decoding (the target scores "
+            "several positions per forward); drop them, or call generate without a drafter for them. output_scores "
+            "and output_logits are returned")
     if (generation_config.num_return_sequences or 1) > 1:
         raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
     if drafter is not None and any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor)
@@ -168,8 +193,33 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         )
 
 
+def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | None, *, streamer=None, **kwargs
+                       ) -> SpeculativeOutput:
+    """The loop itself, on already-prepared inputs (see :func:`generate` for the arguments).
+
+    A batch is left-padded (``attention_mask [B, L]``, zeros first). Each row accepts its own number of
+    tokens per step and stops on its own; a finished row leaves the batch (its cache rows are dropped), so it
+    costs nothing afterwards. Per-row cache state is kept by :class:`~hf_spec.ragged.RaggedCache`.
+    ``stopping_criteria`` must end every row (it holds at least ``max_length``); ``generate`` builds it.
+    As transformers' decoding loops, it puts the new tokens into ``streamer`` (not the prompt: the caller
+    does) and ends it, on an error too, so a ``TextIteratorStreamer`` consumer never waits forever.
+    With ``generation_config.return_dict_in_generate`` and ``output_scores`` / ``output_logits``, the output
+    carries one ``[B, V]`` float32 tensor per generated position (see :func:`_per_token`).
+    """
+    try:
+        out = _speculative_decode(model, input_ids, drafter, streamer=streamer, **kwargs)
+    except BaseException:
+        if streamer is not None:
+            with contextlib.suppress(Exception):  # the error that ended the call is the one to report
+                streamer.end()
+        raise
+    if streamer is not None:
+        streamer.end()
+    return out
+
+
 @torch.no_grad()
-def speculative_decode(
+def _speculative_decode(
     model,
     input_ids: torch.LongTensor,
     drafter: Drafter | None,
@@ -184,13 +234,6 @@ def speculative_decode(
     event_listeners: Iterable[EventListener] | None = None,
     generator: torch.Generator | None = None,
 ) -> SpeculativeOutput:
-    """The loop itself, on already-prepared inputs (see :func:`generate` for the arguments).
-
-    A batch is left-padded (``attention_mask [B, L]``, zeros first). Each row accepts its own number of
-    tokens per step and stops on its own; a finished row leaves the batch (its cache rows are dropped), so it
-    costs nothing afterwards. Per-row cache state is kept by :class:`~hf_spec.ragged.RaggedCache`.
-    ``stopping_criteria`` must end every row (it holds at least ``max_length``); ``generate`` builds it.
-    """
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     bsz = input_ids.shape[0]
@@ -216,8 +259,8 @@ def speculative_decode(
     hidden_kwargs = {"output_hidden_states": -1} if session is not None and session.needs_hidden_states else {}
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
-    if streamer is not None:
-        streamer.put(input_ids.cpu())  # as transformers' generate does: the prompt first
+    scores_out, logits_out = (([[] for _ in range(bsz)] if generation_config.return_dict_in_generate and flag else None)
+                              for flag in (generation_config.output_scores, generation_config.output_logits))
 
     # per row: its sequence as transformers' batched generate sees it (own left padding, then tokens)
     rows = [input_ids[b] for b in range(bsz)]
@@ -239,6 +282,12 @@ def speculative_decode(
                 break
         return kept
 
+    def record(per_row, values: torch.Tensor, emitted: list[list[int]]) -> None:
+        """Keep ``values [n_rows, width, V]``: for each active row, one entry per token it emitted this step."""
+        if per_row is not None:
+            for i, b in enumerate(active):
+                per_row[b].extend(values[i, : len(emitted[i])].float().clone().unbind(0))
+
     def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
         if session is not None:
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
@@ -253,6 +302,8 @@ def speculative_decode(
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
     emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
+    record(scores_out, scores[:, None], emitted)
+    record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
     tell_drafter(0, out, none, none, 1)
     verify_time = clock(device) - t0
@@ -317,6 +368,8 @@ def speculative_decode(
             num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
         n_acc, nxt, drafts_list = num_accepted.tolist(), next_token.tolist(), drafts.tolist()
         emitted = [append_until_stop(b, drafts_list[i][: n_acc[i]] + [nxt[i]]) for i, b in enumerate(active)]
+        record(scores_out, target_scores, emitted)
+        record(logits_out, logits, emitted)
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         ragged.truncate(before + 1 + num_accepted)
         tell_drafter(step, out, num_drafted, num_accepted, k + 1)
@@ -332,10 +385,10 @@ def speculative_decode(
                 rows=list(active),
             )
         )
-    if streamer is not None:
-        streamer.end()
     logger.info("hf_spec: %s", stats.summary())
-    return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats)
+    return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats,
+                             scores=_per_token(scores_out, generation_config),
+                             logits=_per_token(logits_out, generation_config))
 
 
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device):
@@ -433,15 +486,46 @@ def generated_length(tokens: list[int], eos_token_id) -> int:
     return next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
 
 
-def _right_pad(rows: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:
-    """Stack rows of different lengths into ``LongTensor[B, max_len]``, filling with the pad token (as
-    transformers' batched generate does for rows that ended early)."""
-    width = max(len(r) for r in rows)
+def _per_token(per_row: list[list[torch.Tensor]] | None, generation_config: GenerationConfig
+               ) -> tuple[torch.Tensor, ...] | None:
+    """Per-row lists of ``[V]`` scores, one per emitted token, as ``generate`` reports them: a tuple with one
+    ``[B, V]`` tensor per generated position. A row that ended earlier gets, past its end, the scores of the pad
+    token that fills its sequence there (0 for it, -inf elsewhere): plain ``generate`` computes real logits
+    after a row's EOS; speculative decoding drops finished rows, so it has none to report."""
+    if per_row is None:
+        return None
+    width = max(len(r) for r in per_row)
+    pad = _pad_token(generation_config)
+    filler = None
+    out = []
+    for t in range(width):
+        column = []
+        for r in per_row:
+            if t < len(r):
+                column.append(r[t])
+            else:
+                if filler is None:
+                    filler = torch.full_like(per_row[0][0], float("-inf"))
+                    filler[pad] = 0.0
+                column.append(filler)
+        out.append(torch.stack(column))
+    return tuple(out)
+
+
+def _pad_token(generation_config: GenerationConfig) -> int:
+    """The id that fills rows that ended early: the pad token, else the (first) EOS, else 0 (as ``generate``)."""
     pad = generation_config.pad_token_id
     if pad is None:
         eos = generation_config.eos_token_id
         pad = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
-    out = rows[0].new_full((len(rows), width), int(pad) if not isinstance(pad, torch.Tensor) else int(pad.flatten()[0]))
+    return int(pad) if not isinstance(pad, torch.Tensor) else int(pad.flatten()[0])
+
+
+def _right_pad(rows: list[torch.LongTensor], generation_config: GenerationConfig) -> torch.LongTensor:
+    """Stack rows of different lengths into ``LongTensor[B, max_len]``, filling with the pad token (as
+    transformers' batched generate does for rows that ended early)."""
+    width = max(len(r) for r in rows)
+    out = rows[0].new_full((len(rows), width), _pad_token(generation_config))
     for b, r in enumerate(rows):
         out[b, : len(r)] = r
     return out

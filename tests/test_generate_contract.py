@@ -1,0 +1,268 @@
+"""hf-spec behaves like ``generate`` for code written around it: return types, ``scores`` / ``logits``, streamers,
+transformers' own assisted-generation settings after ``enable_drafters``, the Hub ``custom_generate`` folder and
+``pipeline("text-generation")``. Tiny random models; a tokenizer only where text is needed."""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessorList, TemperatureLogitsWarper,
+                          TextIteratorStreamer, TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+import hf_spec
+
+from .conftest import tiny_llama, tiny_pair
+
+PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+BATCH = torch.tensor([[1, 1, 1, 0, 5, 9, 5, 9], [0, 4, 8, 12, 4, 8, 12, 4], [1, 1, 0, 7, 7, 3, 7, 7]])
+BATCH_MASK = (torch.arange(8)[None, :] >= torch.tensor([[3], [0], [2]])).long()
+HUB = Path(__file__).resolve().parents[1] / "hub"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_pair()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def text_pair(tokenizer):
+    """A tiny target and a perturbed copy as draft, with SmolLM2's vocabulary (for text in, text out)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    target = LlamaForCausalLM(cfg).eval()
+    draft = LlamaForCausalLM(cfg).eval()
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    for m in (target, draft):
+        m.generation_config.pad_token_id = tokenizer.pad_token_id
+        m.generation_config.eos_token_id = tokenizer.eos_token_id
+    return target, draft
+
+
+def _entry_points(target, drafter):
+    """The two ways in: ``custom_generate=hf_spec.generate`` and ``assistant_model=`` after ``enable_drafters``."""
+    enabled = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))  # a copy: the fixture stays plain
+    return {
+        "custom_generate": lambda ids, **kw: target.generate(ids, custom_generate=hf_spec.generate, drafter=drafter, **kw),
+        "assistant_model": lambda ids, **kw: enabled.generate(ids, assistant_model=drafter, **kw),
+    }
+
+
+# ---- return types and scores -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
+def test_return_types_are_generate_s(tiny, entry):
+    target, draft = tiny
+    run = _entry_points(target, hf_spec.DraftModelDrafter(draft, 3))[entry]
+    plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    out = run(PROMPT, max_new_tokens=10, do_sample=False)
+    assert type(out) is torch.Tensor and torch.equal(out, plain)
+    out = run(PROMPT, max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    assert isinstance(out, GenerateDecoderOnlyOutput) and torch.equal(out.sequences, plain)
+    assert out.scores is None and out.logits is None  # not asked for
+    assert out.stats.num_emitted_tokens == 10 and out.stats.num_draft_tokens > 0
+    # a model whose generation config asks for the dict gets it without the argument, as generate does
+    config = GenerationConfig.from_dict({**target.generation_config.to_dict(), "return_dict_in_generate": True})
+    assert isinstance(run(PROMPT, max_new_tokens=4, generation_config=config), GenerateDecoderOnlyOutput)
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+def test_greedy_scores_and_logits_equal_plain_generate(tiny, entry, kind):
+    """One [B, V] entry per generated position, equal (float rounding) to plain decoding's, in a left-padded
+    batch whose rows end at different steps; past a row's end, the pad token's one-hot log-probabilities."""
+    target, draft = tiny
+    drafter = hf_spec.DraftModelDrafter(draft, 3) if kind == "draft" else hf_spec.NgramDrafter(3)
+    run = _entry_points(target, drafter)[entry]
+    kw = dict(max_new_tokens=14, do_sample=False, return_dict_in_generate=True, output_scores=True, output_logits=True,
+              repetition_penalty=1.3)
+    for ids, mask in ((PROMPT, None), (BATCH, BATCH_MASK)):
+        extra = {} if mask is None else {"attention_mask": mask}
+        plain = target.generate(ids, **kw, **extra)
+        out = run(ids, **kw, **extra)
+        assert torch.equal(out.sequences, plain.sequences)
+        assert len(out.scores) == len(out.logits) == out.sequences.shape[1] - ids.shape[1]
+        eos = target.generation_config.eos_token_id
+        for b in range(ids.shape[0]):
+            new = out.sequences[b, ids.shape[1]:].tolist()
+            n = hf_spec.loop.generated_length(new, eos)
+            for t in range(n):
+                torch.testing.assert_close(out.scores[t][b], plain.scores[t][b], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(out.logits[t][b], plain.logits[t][b], rtol=1e-4, atol=1e-4)
+                assert int(out.scores[t][b].argmax()) == new[t]
+            for t in range(n, len(out.scores)):
+                assert int(out.scores[t][b].argmax()) == new[t] and float(out.scores[t][b].exp().sum()) == 1.0
+        if mask is not None:  # the batch must exercise rows that ended early
+            assert any(hf_spec.loop.generated_length(out.sequences[b, ids.shape[1]:].tolist(), eos)
+                       < len(out.scores) for b in range(ids.shape[0]))
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
+def test_sampled_scores_are_what_plain_decoding_reports_for_the_sampled_sequence(tiny, entry):
+    """Under sampling the tokens differ from plain generate's (another random stream), so the reference is plain
+    decoding's definition: the target's logits after each prefix, processed by the same warpers."""
+    target, draft = tiny
+    run = _entry_points(target, hf_spec.DraftModelDrafter(draft, 3))[entry]
+    torch.manual_seed(3)
+    out = run(PROMPT, max_new_tokens=12, do_sample=True, temperature=0.7, top_k=20, top_p=0.8,
+              return_dict_in_generate=True, output_scores=True, output_logits=True)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.8)])
+    seq = out.sequences
+    with torch.no_grad():
+        logits = target(seq).logits[0].float()
+    start = PROMPT.shape[1]
+    for t in range(seq.shape[1] - start):
+        raw = logits[start + t - 1]
+        torch.testing.assert_close(out.logits[t][0], raw, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.scores[t][0], warpers(seq[:, : start + t], raw[None].clone())[0],
+                                   rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(out.scores[t][0][seq[0, start + t]])  # the sampled token was allowed
+
+
+def test_attentions_and_hidden_states_are_refused_clearly(tiny):
+    target, _ = tiny
+    for flag in ("output_attentions", "output_hidden_states"):
+        with pytest.raises(ValueError, match="output_scores"):
+            target.generate(PROMPT, max_new_tokens=3, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(2),
+                            return_dict_in_generate=True, **{flag: True})
+
+
+# ---- streamers ---------------------------------------------------------------------------------------
+
+def _consume(streamer: TextIteratorStreamer, sink: list) -> None:
+    try:
+        sink.extend(streamer)
+    except queue.Empty:  # the streamer's timeout: generation never ended it
+        sink.append(None)
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
+def test_text_iterator_streamer_consumer_finishes(text_pair, tokenizer, entry):
+    """``streamer=`` on both entry points: the consumer gets exactly the new text and then the end (before, with
+    custom_generate it got the prompt and waited forever)."""
+    target, draft = text_pair
+    run = _entry_points(target, hf_spec.DraftModelDrafter(draft, 3))[entry]
+    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    chunks: list = []
+    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
+    consumer.start()
+    out = run(ids, max_new_tokens=12, do_sample=False, streamer=streamer)
+    consumer.join(timeout=120)
+    assert not consumer.is_alive() and None not in chunks
+    assert "".join(chunks) == tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_streamer_is_ended_when_the_call_fails(text_pair, tokenizer):
+    target, _ = text_pair
+    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    chunks: list = []
+    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
+    consumer.start()
+    with pytest.raises(ValueError, match="num_speculative_tokens must be"):
+        target.generate(ids, max_new_tokens=4, custom_generate=hf_spec.generate, streamer=streamer,
+                        drafter=hf_spec.NgramDrafter(2), num_speculative_tokens="three")
+    consumer.join(timeout=120)
+    assert not consumer.is_alive() and None not in chunks
+
+
+# ---- transformers' own assisted-generation calls, after enable_drafters ---------------------------------
+
+def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypatch):
+    """Existing ``assistant_model=`` / ``prompt_lookup_num_tokens=`` code runs hf-spec's loop with the matching
+    drafter and k (seen in which drafter drafted, and in the stats transformers' loop does not return), with
+    identical greedy output; ``disable_drafters`` gives transformers' loop back."""
+    target, draft = tiny
+    drafted = []
+    for cls in (hf_spec.DraftModelDrafter, hf_spec.NgramDrafter):
+        monkeypatch.setattr(cls, "draft", lambda self, rows, k, _f=cls.draft: drafted.append(type(self)) or _f(self, rows, k))
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    kw = dict(max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+
+    def check(out, cls, k):
+        assert torch.equal(out.sequences, plain) and set(drafted) == {cls} and max(out.stats.k_per_step) == k
+        drafted.clear()
+
+    check(model.generate(PROMPT, assistant_model=draft, num_assistant_tokens=4, **kw), hf_spec.DraftModelDrafter, 4)
+    check(model.generate(PROMPT, prompt_lookup_num_tokens=5, max_matching_ngram_size=1, **kw), hf_spec.NgramDrafter, 5)
+    # from the generation config, as transformers reads them
+    config = GenerationConfig.from_dict({**target.generation_config.to_dict(), "prompt_lookup_num_tokens": 2})
+    check(model.generate(PROMPT, generation_config=config, **kw), hf_spec.NgramDrafter, 2)
+    out = model.generate(PROMPT, assistant_model=draft, num_assistant_tokens_schedule="heuristic", **kw)
+    assert out.stats.policy_events  # hf-spec's adaptive k ran
+    check(out, hf_spec.DraftModelDrafter, max(out.stats.k_per_step))
+    with pytest.raises(ValueError, match="not both"):
+        model.generate(PROMPT, assistant_model=draft, prompt_lookup_num_tokens=3, max_new_tokens=4)
+
+    hf_spec.disable_drafters(model)
+    back = model.generate(PROMPT, prompt_lookup_num_tokens=5, **kw)
+    assert torch.equal(back.sequences, plain) and not hasattr(back, "stats") and not drafted  # transformers' own
+    assert hf_spec.disable_drafters(model) is model  # a second call changes nothing
+
+
+# ---- the Hub custom_generate folder and pipelines ------------------------------------------------------
+
+def test_hub_custom_generate_folder_loads_from_a_path(tiny, text_pair, tokenizer):
+    assert "custom_generate" in (HUB / "README.md").read_text().split("---")[1]  # the Hub tag in the card
+    target, draft = tiny
+    plain = target.generate(PROMPT, max_new_tokens=12, do_sample=False)
+    for kw in ({"drafter": hf_spec.DraftModelDrafter(draft, 3)}, {"drafter": "ngram", "num_speculative_tokens": 2},
+               {"assistant_model": draft}, {}):
+        out = target.generate(PROMPT, custom_generate=str(HUB), trust_remote_code=True, max_new_tokens=12,
+                              do_sample=False, return_dict_in_generate=True, **kw)
+        assert torch.equal(out.sequences, plain) and isinstance(out, hf_spec.SpeculativeOutput), kw
+        if "assistant_model" in kw or isinstance(kw.get("drafter"), hf_spec.DraftModelDrafter):
+            assert out.stats.num_draft_tokens > 0, kw
+    # streamer= reaches the loop through this path too (transformers passes every argument on)
+    target, draft = text_pair
+    ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    chunks: list = []
+    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
+    consumer.start()
+    seq = target.generate(ids, custom_generate=str(HUB), trust_remote_code=True, drafter="ngram", max_new_tokens=8,
+                          do_sample=False, streamer=streamer)
+    consumer.join(timeout=120)
+    assert "".join(chunks) == tokenizer.decode(seq[0, ids.shape[1]:])
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        target.generate(ids, custom_generate=str(HUB), max_new_tokens=2)
+
+
+def test_text_generation_pipeline_runs_hf_spec_drafters(text_pair, tokenizer):
+    from transformers import pipeline
+
+    target, draft = text_pair
+    text = "Speculative decoding verifies drafted tokens"
+    kw = dict(max_new_tokens=12, do_sample=False, return_full_text=False)
+    plain = pipeline("text-generation", model=target, tokenizer=tokenizer)(text, **kw)[0]["generated_text"]
+    # 1. custom_generate through the pipeline's generate kwargs
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    stats = hf_spec.SpecStats()
+    got = pipe(text, custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 3),
+               event_listeners=[stats], **kw)
+    assert got[0]["generated_text"] == plain and stats.num_draft_tokens > 0
+    # 2. the pipeline's own assistant_model= (a transformers draft model), after enable_drafters
+    enabled = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    pipe = pipeline("text-generation", model=enabled, tokenizer=tokenizer, assistant_model=draft)
+    stats = hf_spec.SpecStats()
+    assert pipe(text, event_listeners=[stats], **kw)[0]["generated_text"] == plain and stats.num_draft_tokens > 0
