@@ -6,9 +6,10 @@ Source followed: vLLM v1, ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingProm
 and their labels), ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``: the ``model_name``/``engine``
 labels, the token counter, the latency histograms and their buckets) and ``vllm/v1/metrics/stats.py``
 (``IterationStats``: when each histogram is observed), read at vllm-project/vllm commits ``ee4ceaae``
-(spec_decode/metrics.py), ``28ed1fb8`` (stats.py) and ``005a810b`` (loggers.py); ``inter_token_latency_seconds``
-and ``request_time_per_output_token_seconds`` come from vLLM's PR #24110 ("Deprecate TPOT in favor of ITL",
-September 2025), which kept the buckets of the older ``time_per_output_token_seconds``.
+(spec_decode/metrics.py), ``28ed1fb8`` (stats.py) and ``005a810b`` (loggers.py), and for
+``inter_token_latency_seconds`` and ``request_time_per_output_token_seconds`` a later loggers.py (vLLM 0.12
+era), where both have the buckets of ``time_per_output_token_seconds``, which the first replaced (vLLM PR
+#24110, "Deprecate TPOT in favor of ITL").
 
 Every series has the labels ``model_name`` (vLLM's served model name), ``engine`` (vLLM's engine index,
 ``"0"``) and ``method`` (hf-spec's drafter, e.g. ``"draft"``, ``"ngram"``; an extra label, which queries that
@@ -122,8 +123,8 @@ def _served_name(model_name) -> str:
 
 class PrometheusMetrics:
     """vLLM v1's speculative-decoding counters and request-latency histograms, fed from hf-spec's events
-    (:meth:`listener`) or statistics (:meth:`observe`); the module docstring lists every metric and the vLLM
-    source it follows.
+    (:meth:`listener`) or statistics (:meth:`observe`); the user guide's Prometheus section and the module
+    ``hf_spec.prometheus`` list every metric, what it observes and the vLLM source it follows.
 
     The default prefix is vLLM's own, ``"vllm:"``: the prefix is part of each metric's name, and dashboards
     and alerts written for vLLM name its metrics literally (``vllm:time_to_first_token_seconds_bucket``), so
