@@ -41,9 +41,9 @@ def free_port() -> int:
 
 
 def test_served_metrics_equal_the_statistics_and_the_events():
-    target, draft = tiny_pair()
+    target, _ = tiny_pair()
     metrics = PrometheusMetrics(model_name="tiny-llama")
-    server, thread = metrics.serve(free_port())
+    server, _ = metrics.serve(free_port())
     try:
         runs = {}
         # the target as its own draft (every draft accepted) and n-gram lookup (some accepted, some rejected)
@@ -159,7 +159,7 @@ def test_one_itl_observation_per_step_whatever_it_emits():
 
 
 def test_two_model_names_kept_apart_and_a_model_names_itself():
-    target, draft = tiny_pair()
+    target, _ = tiny_pair()
     target.name_or_path = "org/tiny-target"  # what from_pretrained sets: the hub id or folder it loaded
     metrics = PrometheusMetrics()  # no default: each listener names its model
     stats = {}
@@ -185,7 +185,7 @@ def test_observe_counts_a_finished_call_and_another_prefix():
     metrics.observe(stats, "medusa")
     metrics.observe(stats, "medusa")
     got = scrape(generate_latest(registry).decode())
-    key = frozenset(dict(model_name="m", engine="2", method="medusa").items())
+    key = frozenset({"model_name": "m", "engine": "2", "method": "medusa"}.items())
     assert got[("hf_spec:spec_decode_num_accepted_tokens_total", key)] == 2 * stats.num_accepted_tokens
     assert got[("hf_spec:generation_tokens_total", key)] == 2 * stats.num_emitted_tokens
     assert got[("hf_spec:spec_decode_num_accepted_tokens_per_pos_total", key | {("position", "2")})] == 0
