@@ -153,9 +153,12 @@ def test_generate_auto_k_json_and_prometheus_scrape():
     assert out["policy_events"][0]["mode"] == "measure" and all(e["reason"] for e in out["policy_events"])
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for fam in text_string_to_metric_families(page) for s in fam.samples}
-    lab = (("method", "ngram"),)
-    assert got[("hf_spec:spec_decode_num_emitted_tokens_total", lab)] == out["new_tokens"]
-    assert got[("hf_spec:spec_decode_draft_acceptance_rate", lab)] == pytest.approx(out["acceptance_rate"])
+    lab = (("engine", "0"), ("method", "ngram"), ("model_name", "smollm2-135m"))
+    assert got[("vllm:generation_tokens_total", lab)] == out["new_tokens"]
+    assert got[("vllm:spec_decode_num_accepted_tokens_total", lab)] == pytest.approx(
+        out["acceptance_rate"] * got[("vllm:spec_decode_num_draft_tokens_total", lab)])
+    assert got[("vllm:time_to_first_token_seconds_count", lab)] == 1
+    assert got[("vllm:inter_token_latency_seconds_count", lab)] == out["target_forwards"] - 1
 
 
 def test_generate_bad_auto_and_port():

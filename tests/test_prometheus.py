@@ -1,19 +1,27 @@
-"""The Prometheus exporter: vLLM's metric names, values equal to the statistics, served on loopback."""
+"""The Prometheus exporter: vLLM v1's metric names, labels and buckets; counter values equal to the statistics;
+latency histograms observed by vLLM's rule (one inter-token latency per request and step) from the events."""
 
 import socket
 import urllib.request
 
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import hf_spec
+from hf_spec.events import StepEvent
 from hf_spec.prometheus import PrometheusMetrics
 
 from .conftest import tiny_pair
+from .test_batching import left_pad
 
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+# vLLM v1's boundaries (vllm/v1/metrics/loggers.py), which a dashboard's histogram_quantile reads
+VLLM_TTFT_LE = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0, float("inf")]
+VLLM_ITL_LE = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0, float("inf")]
 
 
 def scrape(text: str) -> dict:
@@ -22,57 +30,201 @@ def scrape(text: str) -> dict:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def lab(model_name: str, method: str, **extra) -> frozenset:
+    return frozenset(dict(model_name=model_name, engine="0", method=method, **extra).items())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_served_metrics_equal_the_statistics():
-    target, draft = tiny_pair()
-    metrics = PrometheusMetrics()
-    server, thread = metrics.serve(free_port())
+def test_served_metrics_equal_the_statistics_and_the_events():
+    target, _ = tiny_pair()
+    metrics = PrometheusMetrics(model_name="tiny-llama")
+    server, _ = metrics.serve(free_port())
     try:
-        totals = {}
-        for method, drafter in [("draft", hf_spec.DraftModelDrafter(draft, 3)), ("ngram", hf_spec.NgramDrafter(4))]:
-            total = hf_spec.SpecStats()
+        runs = {}
+        # the target as its own draft (every draft accepted) and n-gram lookup (some accepted, some rejected)
+        for method, drafter in [("draft", hf_spec.DraftModelDrafter(target, 3)), ("ngram", hf_spec.NgramDrafter(4))]:
+            listener = metrics.listener(method)  # one listener for both calls: a step-0 event starts a new call
+            total, calls = hf_spec.SpecStats(), []
             for max_new in (20, 31):  # two calls: the counters add up across calls
-                out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
-                                      drafter=drafter, event_listeners=[metrics.listener(method)])
+                events = []
+                out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate,
+                                      return_dict_in_generate=True, drafter=drafter,
+                                      event_listeners=[listener, events.append])
                 total.merge(out.stats)
-            totals[method] = total
+                calls.append((out.stats, events))
+            runs[method] = total, calls
         page = urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10).read().decode()
     finally:
         server.shutdown()
     got = scrape(page)
-    for method, s in totals.items():
-        lab = frozenset({"method": method}.items())
-        assert got[("hf_spec:spec_decode_num_drafts_total", lab)] == s.num_drafts
-        assert got[("hf_spec:spec_decode_num_draft_tokens_total", lab)] == s.num_draft_tokens
-        assert got[("hf_spec:spec_decode_num_accepted_tokens_total", lab)] == s.num_accepted_tokens
-        assert got[("hf_spec:spec_decode_num_emitted_tokens_total", lab)] == s.num_emitted_tokens
-        assert got[("hf_spec:spec_decode_draft_acceptance_rate", lab)] == pytest.approx(s.acceptance_rate)
-        assert got[("hf_spec:spec_decode_system_efficiency", lab)] == pytest.approx(s.system_efficiency)
-        for i, n in enumerate(s.accepted_per_position):
-            key = ("hf_spec:spec_decode_num_accepted_tokens_per_pos_total",
-                   frozenset({"method": method, "position": str(i)}.items()))
-            assert got.get(key, 0.0) == n
-        assert s.num_draft_tokens > 0 and 0 < s.system_efficiency <= 1
+    for method, (s, calls) in runs.items():
+        key = lab("tiny-llama", method)
+        assert got[("vllm:spec_decode_num_drafts_total", key)] == s.num_drafts
+        assert got[("vllm:spec_decode_num_draft_tokens_total", key)] == s.num_draft_tokens
+        assert got[("vllm:spec_decode_num_accepted_tokens_total", key)] == s.num_accepted_tokens
+        assert got[("vllm:generation_tokens_total", key)] == s.num_emitted_tokens
+        assert s.num_accepted_tokens > 0 and (method == "draft" or s.num_draft_tokens > s.num_accepted_tokens)
+        for i, n in enumerate(s.accepted_per_position):  # every position has a series, zeros included
+            assert got[("vllm:spec_decode_num_accepted_tokens_per_pos_total", lab("tiny-llama", method, position=str(i)))] == n
+        assert ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                lab("tiny-llama", method, position=str(len(s.accepted_per_position)))) not in got
+
+        # one request per call: one TTFT (the prefill's time), one ITL per later step, one e2e per call
+        assert got[("vllm:time_to_first_token_seconds_count", key)] == len(calls)
+        assert got[("vllm:time_to_first_token_seconds_sum", key)] == pytest.approx(sum(c.ttft_s for c, _ in calls))
+        assert got[("vllm:inter_token_latency_seconds_count", key)] == sum(c.num_target_forwards - 1 for c, _ in calls)
+        assert got[("vllm:inter_token_latency_seconds_sum", key)] == pytest.approx(
+            sum(e[-1].time_s - e[0].time_s for _, e in calls))
+        # a step emitting several tokens is one ITL observation: fewer observations than tokens after the first
+        assert got[("vllm:inter_token_latency_seconds_count", key)] < s.num_emitted_tokens - len(calls)
+        for name in ("e2e_request_latency_seconds", "request_inference_time_seconds"):
+            assert got[(f"vllm:{name}_count", key)] == len(calls)
+            assert got[(f"vllm:{name}_sum", key)] == pytest.approx(sum(c.total_s for c, _ in calls))
+        assert got[("vllm:request_prefill_time_seconds_sum", key)] == pytest.approx(sum(c.ttft_s for c, _ in calls))
+        assert got[("vllm:request_decode_time_seconds_sum", key)] == pytest.approx(
+            sum(c.total_s - c.ttft_s for c, _ in calls))
+        assert got[("vllm:request_time_per_output_token_seconds_count", key)] == len(calls)
+        assert got[("vllm:request_time_per_output_token_seconds_sum", key)] == pytest.approx(
+            sum(c.tpot_s for c, _ in calls))
+        # cumulative buckets at vLLM's boundaries; the +Inf bucket holds every observation
+        for name, les in [("time_to_first_token_seconds", VLLM_TTFT_LE), ("inter_token_latency_seconds", VLLM_ITL_LE)]:
+            buckets = sorted((float(dict(k)["le"]), v) for (n, k), v in got.items()
+                             if n == f"vllm:{name}_bucket" and dict(k)["method"] == method)
+            assert [le for le, _ in buckets] == les
+            assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+            assert buckets[-1][1] == got[(f"vllm:{name}_count", key)]
+
+    families = list(text_string_to_metric_families(page))
+    ours = [f for f in families if f.name.startswith("vllm:")]
+    assert ours and all(s.labels.get("model_name") == "tiny-llama" and s.labels.get("engine") == "0"
+                        for f in ours for s in f.samples)
+    # the lifetime gauges are gone (ratios are PromQL's), and nothing is left under the old prefix
+    assert not [f.name for f in families if "acceptance_rate" in f.name or "system_efficiency" in f.name
+                or f.name.startswith("hf_spec:")]
 
 
-def test_an_existing_registry_and_another_prefix():
-    from prometheus_client import generate_latest
+def test_batch_rows_are_requests():
+    """Rows ending at different steps: one TTFT and one e2e per row, one ITL per step each row took part in."""
+    target, draft = tiny_pair()
+    prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 7], [0, 11, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]]
+    ids, mask = left_pad(prompts)
+    eos = [1, target.generate(torch.tensor([prompts[1]]), max_new_tokens=3, do_sample=False)[0, -1].item()]
+    metrics = PrometheusMetrics(model_name="tiny-llama")
+    events = []
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                          drafter=hf_spec.DraftModelDrafter(draft, 3),
+                          event_listeners=[metrics.listener("draft"), events.append])
+    steps_of = {b: [e for e in events if e.step > 0 and b in e.rows] for b in range(len(prompts))}
+    assert len({len(steps) for steps in steps_of.values()}) > 1  # the rows really ended at different steps
+    got = scrape(generate_latest(metrics.registry).decode())
+    key = lab("tiny-llama", "draft")
+    assert got[("vllm:time_to_first_token_seconds_count", key)] == len(prompts)
+    assert got[("vllm:inter_token_latency_seconds_count", key)] == sum(len(s) for s in steps_of.values())
+    end = {b: (steps[-1] if steps else events[0]).time_s for b, steps in steps_of.items()}
+    assert got[("vllm:e2e_request_latency_seconds_count", key)] == len(prompts)
+    assert got[("vllm:e2e_request_latency_seconds_sum", key)] == pytest.approx(sum(end.values()))
+    assert got[("vllm:request_time_per_output_token_seconds_sum", key)] == pytest.approx(
+        sum(out.stats.per_row[b].tpot_s for b in range(len(prompts))))
+    assert got[("vllm:generation_tokens_total", key)] == out.stats.num_emitted_tokens
 
+
+def test_one_itl_observation_per_step_whatever_it_emits():
+    """vLLM v1's rule on hand-made events: a step emitting 3 tokens is one ITL observation of the step's
+    whole interval; a row that finishes leaves; ``rows`` maps listed rows to requests."""
+    metrics = PrometheusMetrics(model_name="m")
+    listener = metrics.listener("draft")
+    ev = lambda step, drafted, acc, emitted, t, fin, rows: StepEvent(step, 3 if step else 0, drafted, acc, emitted,
+                                                                     0.0, 0.0, t, fin, rows=rows)
+    listener(ev(0, [[], []], [0, 0], [[4], [5]], 0.5, [False, False], [0, 1]))
+    listener(ev(1, [[7, 8, 9], [6, 6, 6]], [2, 0], [[7, 8, 3], [2]], 0.75, [False, True], [0, 1]))
+    listener(ev(2, [[3, 3, 3]], [0], [[9]], 1.5, [True], [0]))
+    got = scrape(generate_latest(metrics.registry).decode())
+    key = lab("m", "draft")
+    assert got[("vllm:time_to_first_token_seconds_count", key)] == 2
+    assert got[("vllm:inter_token_latency_seconds_count", key)] == 3  # row 0: 2 steps, row 1: 1 step
+    assert got[("vllm:inter_token_latency_seconds_sum", key)] == pytest.approx(0.25 + 0.75 + 0.25)
+    assert got[("vllm:e2e_request_latency_seconds_sum", key)] == pytest.approx(1.5 + 0.75)
+    assert got[("vllm:request_decode_time_seconds_sum", key)] == pytest.approx(1.0 + 0.25)
+    # row 0: 5 tokens, 1.0 s after its first; row 1: 2 tokens, 0.25 s after its first
+    assert got[("vllm:request_time_per_output_token_seconds_sum", key)] == pytest.approx(1.0 / 4 + 0.25 / 1)
+    assert got[("vllm:spec_decode_num_drafts_total", key)] == 3
+    assert got[("vllm:spec_decode_num_accepted_tokens_per_pos_total", lab("m", "draft", position="1"))] == 1
+    assert got[("vllm:spec_decode_num_accepted_tokens_per_pos_total", lab("m", "draft", position="2"))] == 0
+
+
+def test_two_model_names_kept_apart_and_a_model_names_itself():
+    target, _ = tiny_pair()
+    target.name_or_path = "org/tiny-target"  # what from_pretrained sets: the hub id or folder it loaded
+    metrics = PrometheusMetrics()  # no default: each listener names its model
+    stats = {}
+    for name, max_new in [("org/tiny-target", 12), ("other", 25)]:
+        out = target.generate(PROMPT, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate,
+                              return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3),
+                              event_listeners=[metrics.listener("ngram", model_name=target if name != "other" else name)])
+        stats[name] = out.stats
+    assert stats["org/tiny-target"].num_emitted_tokens != stats["other"].num_emitted_tokens
+    got = scrape(generate_latest(metrics.registry).decode())
+    for name, s in stats.items():
+        assert got[("vllm:generation_tokens_total", lab(name, "ngram"))] == s.num_emitted_tokens
+        assert got[("vllm:spec_decode_num_draft_tokens_total", lab(name, "ngram"))] == s.num_draft_tokens
+        assert got[("vllm:inter_token_latency_seconds_count", lab(name, "ngram"))] == s.num_target_forwards - 1
+
+
+def test_observe_counts_a_finished_call_and_another_prefix():
     registry = CollectorRegistry()
-    metrics = PrometheusMetrics(registry=registry, prefix="vllm:")
+    metrics = PrometheusMetrics("m", engine=2, registry=registry, prefix="hf_spec:")
     stats = hf_spec.SpecStats(num_drafts=2, num_draft_tokens=6, num_accepted_tokens=3, num_emitted_tokens=7,
                               num_row_steps=4, num_sequences=1, accepted_per_position=[2, 1, 0],
                               drafted_per_position=[2, 2, 2], reached_per_position=[2, 2, 1])
     metrics.observe(stats, "medusa")
+    metrics.observe(stats, "medusa")
     got = scrape(generate_latest(registry).decode())
-    lab = frozenset({"method": "medusa"}.items())
-    assert got[("vllm:spec_decode_num_accepted_tokens_total", lab)] == 3
-    assert got[("vllm:spec_decode_draft_acceptance_rate", lab)] == 0.5
-    assert got[("vllm:spec_decode_system_efficiency", lab)] == pytest.approx(6 / 9)  # (7-1) / (6 + 3)
-    with pytest.raises(ValueError):  # the same names twice in one registry: prometheus-client refuses
-        PrometheusMetrics(registry=registry, prefix="vllm:")
+    key = frozenset({"model_name": "m", "engine": "2", "method": "medusa"}.items())
+    assert got[("hf_spec:spec_decode_num_accepted_tokens_total", key)] == 2 * stats.num_accepted_tokens
+    assert got[("hf_spec:generation_tokens_total", key)] == 2 * stats.num_emitted_tokens
+    assert got[("hf_spec:spec_decode_num_accepted_tokens_per_pos_total", key | {("position", "2")})] == 0
+    # the statistics keep no step times: observe() leaves the latency histograms alone
+    assert not [name for name, _ in got if "seconds" in name]
+    assert not [name for name, _ in got if name.startswith("vllm:")]
+
+
+def test_bad_arguments_fail_early_and_say_what_to_do():
+    with pytest.raises(ValueError, match="prefix"):
+        PrometheusMetrics("m", prefix="my prefix")
+    with pytest.raises(ValueError, match="engine"):
+        PrometheusMetrics("m", engine=-1)
+    with pytest.raises(ValueError, match="model_name is empty"):
+        PrometheusMetrics("")
+    with pytest.raises(TypeError, match="string or a transformers model"):
+        PrometheusMetrics(CollectorRegistry())  # the registry is keyword-only now
+    target, _ = tiny_pair()  # built from a config: no name_or_path to stand for it
+    with pytest.raises(ValueError, match="model_name='...'"):
+        PrometheusMetrics(target)
+    metrics = PrometheusMetrics()
+    with pytest.raises(ValueError, match=r"PrometheusMetrics\(model_name=...\)"):
+        metrics.listener("draft")
+    with pytest.raises(ValueError, match="method"):
+        metrics.listener("", model_name="m")
+    with pytest.raises(TypeError, match="SpecStats"):
+        metrics.observe({"num_drafts": 1}, "draft", model_name="m")
+    with pytest.raises(ValueError, match="port"):
+        metrics.serve(70000)
+    registry = CollectorRegistry()
+    PrometheusMetrics("m", registry=registry)
+    with pytest.raises(ValueError, match="already in this registry"):
+        PrometheusMetrics("m", registry=registry)
+    # a name taken by someone else (vLLM, say): the failed instance leaves none of its own metrics behind
+    from prometheus_client import Histogram
+
+    registry = CollectorRegistry()
+    taken = Histogram("vllm:request_decode_time_seconds", "taken", registry=registry)
+    with pytest.raises(ValueError, match="already in this registry"):
+        PrometheusMetrics("m", registry=registry)
+    registry.unregister(taken)
+    PrometheusMetrics("m", registry=registry)

@@ -92,7 +92,7 @@ def _metrics_listeners(args, drafter) -> list:
         return []
     from ..prometheus import PrometheusMetrics
 
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(model_name=args.target)  # the model_name label, as vLLM's served name is its --model
     try:
         server, _ = metrics.serve(args.prometheus_port)
     except OSError as e:
