@@ -3,6 +3,10 @@
 Public names only; see the user guide in ``docs/``.
 """
 
+from ._import_noise import install as _quiet_known_import_noise
+
+_quiet_known_import_noise()  # before anything imports transformers' quantizers (and with them torchao)
+
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK
 from .assisted import enable_drafters

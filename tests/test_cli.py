@@ -218,3 +218,54 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")
     assert _near_tie_verdict(0.2, model, torch.bfloat16).startswith("a near-tie")
     assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
+
+
+def test_the_torchao_import_noise_is_filtered_at_its_source():
+    """transformers' quantizers import torchao, whose CUDA kernels cannot load into a CPU-only torch; torch then
+    warns about torchao's enum registrations. Importing hf_spec first filters exactly those lines (the control
+    run, without hf_spec, shows they are there to filter)."""
+    pytest.importorskip("torchao")
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build of torch loads torchao's CUDA kernels: there is nothing to filter")
+
+    def stderr_of(code: str) -> str:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stderr
+
+    control = stderr_of("import transformers.quantizers")
+    assert "Failed to load" in control and "torchao/_C" in control and "register_constant()" in control
+    quiet = stderr_of("import hf_spec, transformers.quantizers")
+    assert quiet == "", quiet
+
+
+def test_the_import_noise_filters_keep_everything_else(monkeypatch):
+    """The filters match torchao's CUDA-kernel failures on a CPU-only torch and its enums only: the same failure
+    with a CUDA build of torch, other torchao warnings and other packages' enums still get through."""
+    import enum
+    import logging
+
+    import torch
+
+    from hf_spec import _import_noise
+
+    def record(name, msg, *args, level=logging.WARNING):
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    kernel = record("torchao", "Failed to load /x/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+                               "Could not load this library: /x/site-packages/torchao/_C_mxfp8.so")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(kernel) is False
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(record("torchao", "Skipping import of cpp extensions"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(kernel) is True  # with CUDA, a real failure
+
+    ours = enum.Enum("Mine", "A B")
+    theirs = enum.Enum("KernelPreference", "AUTO")
+    theirs.__module__ = "torchao.quantization.quantize_.common.kernel_preference"
+    template = _import_noise._PYTREE_ENUM + " Calling register_constant() on Enum subclasses is deprecated ..."
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, theirs)) is False
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, ours)) is True
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", "something else %s", theirs))
