@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -269,3 +270,31 @@ def test_the_import_noise_filters_keep_everything_else(monkeypatch):
     assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, theirs)) is False
     assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, ours)) is True
     assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", "something else %s", theirs))
+
+
+def medusa_heads(folder: Path, n: int) -> Path:
+    """The first n of the 4 Medusa heads shipped for SmolLM2, saved as a checkpoint of n heads."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_spec.medusa.heads import heads_path
+
+    shipped = heads_path("smollm2-135m")
+    weights = load_file(str(shipped / "medusa_lm_head.safetensors"))
+    folder.mkdir()
+    save_file({k: v for k, v in weights.items() if int(k.split(".")[0]) < n}, str(folder / "medusa_lm_head.safetensors"))
+    config = json.loads((shipped / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, medusa_num_heads=n)))
+    return folder
+
+
+def test_bench_without_k_runs_each_method_at_its_own_k(tmp_path):
+    """No -k: a Medusa checkpoint at its head count (2 and 4 here, neither the default 3), n-gram lookup and
+    transformers' peers at 3."""
+    from hf_spec.bench import parse_methods
+
+    two = medusa_heads(tmp_path / "two", 2)
+    methods = parse_methods(f"medusa:{two},medusa:smollm2-135m,ngram,hf-prompt-lookup", [None])
+    assert [(m.name, m.k) for m in methods[1:]] == [(f"medusa:{two}", 2), ("medusa:smollm2-135m", 4), ("ngram", 3),
+                                                   ("hf-prompt-lookup", 3)]
+    with pytest.raises(ValueError, match="has 2 heads"):
+        parse_methods(f"medusa:{two}", [3])
