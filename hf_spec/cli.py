@@ -13,10 +13,10 @@ compared side by side with plain ``model.generate`` in the same process (``comma
 runs on the CPU, ``quantize`` has its own ``--device``.
 
 Exit status: 0 on success; 2 for a usage error, a command line that asks for something impossible (a bad flag
-or value, an unknown model name or drafter spec, a missing input file, an output folder that exists), told
+or value, an unknown model name or drafter spec, a missing input file, a ``quantize --out`` that exists), told
 before any model loads where it can be; 1 for a failure while running (a package missing, the hub unreachable,
-a checksum mismatch, out of memory). Both print one line ``hf-spec: error: ...`` on standard error, never a
-traceback (argparse's usage errors: the usage, then ``hf-spec COMMAND: error: ...``). With ``--json``
+a checksum mismatch, out of memory). Both print ``hf-spec: error: MESSAGE`` on standard error (one line,
+unless the message quotes another tool's lines, as transformers' hub errors do), never a traceback (argparse's usage errors: the usage, then ``hf-spec COMMAND: error: ...``). With ``--json``
 (``generate``, ``tune``) standard output carries exactly one JSON object, the result or, on failure,
 ``{"error": MESSAGE, "error_type": EXCEPTION NAME, "exit_status": 1 or 2}``, and standard error nothing of the
 error. An unexpected exception (a bug) keeps its traceback on standard error (and exits with 1).
@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _runtime_errors() -> tuple[type[BaseException], ...]:
-    """Failures while running, told in one line: a missing package (ImportError), the hub unreachable or a file
+    """Failures while running, told as a message: a missing package (ImportError), the hub unreachable or a file
     unreadable (OSError), provisioning (a failed install, a checksum mismatch), out of memory. Other exceptions,
     a RuntimeError from deep in torch included, are bugs until shown otherwise: they keep their traceback."""
     import torch
@@ -302,7 +302,8 @@ def _wants_json(argv: list[str]) -> bool:
 
 
 def _fail(error: BaseException, status: int, as_json: bool) -> int:
-    """Report ``error`` (one JSON object on standard output, or one line on standard error); return ``status``."""
+    """Report ``error`` (one JSON object on standard output, or ``hf-spec: error: ...`` on standard error);
+    return ``status``."""
     message = str(error)
     if as_json:
         print(json.dumps({"error": message, "error_type": type(error).__name__, "exit_status": status}), flush=True)
