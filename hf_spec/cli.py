@@ -16,10 +16,12 @@ Exit status: 0 on success; 2 for a usage error, a command line that asks for som
 or value, an unknown model name or drafter spec, a missing input file, a ``quantize --out`` that exists), told
 before any model loads where it can be; 1 for a failure while running (a package missing, the hub unreachable,
 a checksum mismatch, out of memory). Both print ``hf-spec: error: MESSAGE`` on standard error (one line,
-unless the message quotes another tool's lines, as transformers' hub errors do), never a traceback (argparse's usage errors: the usage, then ``hf-spec COMMAND: error: ...``). With ``--json``
-(``generate``, ``tune``) standard output carries exactly one JSON object, the result or, on failure,
-``{"error": MESSAGE, "error_type": EXCEPTION NAME, "exit_status": 1 or 2}``, and standard error nothing of the
-error. An unexpected exception (a bug) keeps its traceback on standard error (and exits with 1).
+unless the message quotes another tool's lines, as transformers' hub errors do), never a traceback; argparse's
+usage errors print the usage, then ``hf-spec COMMAND: error: ...``. With ``--json`` (``generate``, ``tune``)
+standard output carries exactly one JSON object, the result or, on failure, ``{"error": MESSAGE, "error_type":
+EXCEPTION NAME, "exit_status": 1 or 2}``, and standard error nothing of the error. An unexpected exception (a
+bug) keeps its traceback on standard error (and exits with 1). :func:`build_parser`'s parser raises
+:class:`UsageError` instead of exiting.
 """
 
 from __future__ import annotations
