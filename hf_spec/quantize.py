@@ -3,7 +3,7 @@
 AWQ (Lin et al. 2024, "AWQ: Activation-aware Weight Quantization for LLM Compression and Acceleration")
 scales the weight channels that large activations meet before rounding them to 4 bits in groups. The work is
 done by the ``gptqmodel`` package (what transformers' own ``AwqQuantizer`` loads AWQ checkpoints with;
-``pip install 'hf-spec[quantization]'``, version 7.6.0 for torch 2.13). The result is a folder that
+``pip install 'hf-spec[quantization]'``, the 7.6 series for torch 2.13). The result is a folder that
 ``transformers.AutoModelForCausalLM.from_pretrained`` (and :func:`hf_spec.load`) loads as it is, on CPU or GPU.
 
 Calibration texts: by default chunks of Python's own standard-library sources (code, docstrings and
@@ -118,7 +118,7 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     _check_group_size(json.loads((path / "config.json").read_text()), group_size)
     texts = calibration_texts(calibration, num_texts, max_chars)
     if importlib.util.find_spec("gptqmodel") is None:
-        raise ImportError("AWQ quantization needs gptqmodel: pip install 'hf-spec[quantization]' (gptqmodel 7.6.0)")
+        raise ImportError("AWQ quantization needs gptqmodel: pip install 'hf-spec[quantization]' (gptqmodel 7.6)")
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

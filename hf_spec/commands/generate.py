@@ -73,14 +73,24 @@ def _read_prompts(args) -> list[str]:
         if not args.prompt.strip():
             raise ValueError("empty prompt: give some text with --prompt")
         return [args.prompt]
+    if args.prompt_file == "-":  # standard input: one text prompt
+        text = sys.stdin.read()
+        if not text.strip():
+            raise ValueError("empty prompt on standard input (--prompt-file -)")
+        return [text]
     path = Path(args.prompt_file)
-    if not path.is_file():
+    if not path.exists():  # a pipe (<(command), /dev/fd/N) or a FIFO exists too, and is read like a file
         raise ValueError(f"no such prompt file: {path}")
+    if path.is_dir():
+        raise ValueError(f"--prompt-file {path} is a folder; give a text or .jsonl file, or - for standard input")
     if path.suffix == ".jsonl":
         from ..prompts import load_questions
 
-        return [q.text for q in load_questions(path)]
-    text = path.read_text(encoding="utf-8")
+        prompts = [q.text for q in load_questions(path)]
+        if not prompts:
+            raise ValueError(f"no prompts in {path}: expected one JSON object with 'prompt' or 'turns' per line")
+        return prompts
+    text = path.read_text(encoding="utf-8")  # read once: a pipe cannot be read again
     if not text.strip():
         raise ValueError(f"empty prompt file: {path}")
     return [text]

@@ -160,6 +160,14 @@ class Drafter:
             raise ValueError(f"needs {cls.spec_argument} after the colon")
 
     @classmethod
+    def spec_num_speculative_tokens(cls, argument: str | None) -> int:
+        """The k a drafter built from this spec argument gets when none is given (its own default), known
+        before anything loads: :data:`DEFAULT_NUM_SPECULATIVE_TOKENS` (within a class-level
+        :attr:`max_num_speculative_tokens`); a Medusa checkpoint's head count. The benchmark reads it."""
+        cap = cls.max_num_speculative_tokens
+        return min(DEFAULT_NUM_SPECULATIVE_TOKENS, cap) if isinstance(cap, int) else DEFAULT_NUM_SPECULATIVE_TOKENS
+
+    @classmethod
     def from_spec(cls, argument: str | None, *, num_speculative_tokens: int | None = None, target=None,
                   tokenizer=None, draft_dtype=None) -> "Drafter":
         """Build the drafter from its spec's argument (:func:`hf_spec.drafters.registry.make_drafter` calls it).

@@ -85,6 +85,16 @@ class MedusaDrafter(Drafter):
                              f"drafted token each); use k <= {heads}, or leave k unset (all heads)")
 
     @classmethod
+    def spec_num_speculative_tokens(cls, argument) -> int:
+        """``medusa:DIR``: the checkpoint's head count (from its config; nothing is loaded)."""
+        from ..medusa.heads import _read_config, heads_path
+
+        heads = _read_config(heads_path(argument)).get("medusa_num_heads")
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"{heads_path(argument)}/config.json: medusa_num_heads must be an integer >= 1, got {heads!r}")
+        return heads
+
+    @classmethod
     def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
         """``medusa:DIR``: the heads in DIR (or shipped / cached under that name), checked against and bound
         to ``target``; k defaults to the number of heads."""
