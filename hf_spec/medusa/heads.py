@@ -289,7 +289,8 @@ class MedusaHeads(nn.Module):
     # ---- checkpoint I/O -----------------------------------------------------------------------------
     def vllm_state_dict(self, lm_head: torch.Tensor | nn.Module | None = None) -> dict[str, torch.Tensor]:
         """The heads' tensors under the names vLLM's ``Medusa.load_weights`` consumes
-        (``vllm/model_executor/models/medusa.py``), on the CPU.
+        (``vllm/model_executor/models/medusa.py``), on the CPU (the blocks' tensors share memory with the
+        parameters of heads that are on the CPU).
 
         Head i's block j is ``blocks.{i}.layers.{j}`` (``.weight`` [H, H], ``.bias`` [H]); the projection is
         ``lm_heads.{i}.weight`` [V, H] per head (``full``) or, for ``shared-lm-head``, one
