@@ -86,7 +86,7 @@ def test_bad_input_gives_clear_errors(args, msg):
 
 @slow
 def test_train_medusa_on_a_text_file(tmp_path):
-    """Tiny settings on real SmolLM2: heads saved in FasterDecoding format, a report, and a rerun of the
+    """Tiny settings on real SmolLM2: heads saved in vLLM's Medusa layout, a report, and a rerun of the
     same command resumes from the finished checkpoint and cached features (same heads)."""
     from safetensors.torch import load_file
 
@@ -101,15 +101,17 @@ def test_train_medusa_on_a_text_file(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "text" and len(report["agreement"]) == 2 and report["positions"] > 100
     assert "| head | predicts | top-1 agreement |" in r.stdout
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["medusa_num_heads"] == 2 and cfg["hf_spec_variant"] == "shared-lm-head"
-    first = load_file(str(out / "medusa_lm_head.safetensors"))
-    assert set(first) == {f"{i}.0.linear.{w}" for i in range(2) for w in ("weight", "bias")}
+    cfg = json.loads((out / "config.json").read_text())  # vLLM's layout (tests/test_medusa_vllm.py)
+    assert cfg["model_type"] == "medusa" and cfg["num_heads"] == 2 and cfg["hf_spec_variant"] == "shared-lm-head"
+    assert cfg["original_lm_head"] is True and cfg["medusa_fc_bias"] is True
+    first = load_file(str(out / "model.safetensors"))
+    assert set(first) == {f"blocks.{i}.layers.0.{w}" for i in range(2) for w in ("weight", "bias")} | {"lm_heads.0.weight"}
+    assert first["lm_heads.0.weight"].shape == (49152, 576)  # the target's lm_head, which vLLM's draft needs
     r = run(*argv)
     assert r.returncode == 0, r.stderr[-2000:]
     again = json.loads((out / "report.json").read_text())
     assert again["feature_seconds"] == 0.0 and again["resumed_from_step"] == again["steps"]
-    second = load_file(str(out / "medusa_lm_head.safetensors"))
+    second = load_file(str(out / "model.safetensors"))
     assert all(first[k].equal(second[k]) for k in first)
 
 

@@ -1,7 +1,8 @@
-"""Medusa heads and drafter, mechanics on tiny random models: the FasterDecoding checkpoint format (round
-trip, published layout, bad files), size checks against the target, the hidden state each draft is made
-from, greedy exactness in batches, distribution exactness under sampling, and training (loss goes down,
-same seed -> same heads, an interrupted run resumes to the same heads)."""
+"""Medusa heads and drafter, mechanics on tiny random models: the checkpoint formats (round trip in vLLM's
+layout, FasterDecoding's layout still read, bad files; vLLM's names in test_medusa_vllm.py), size checks
+against the target, the hidden state each draft is made from, greedy exactness in batches, distribution
+exactness under sampling, and training (loss goes down, same seed -> same heads, an interrupted run resumes
+to the same heads)."""
 
 import json
 
@@ -31,21 +32,39 @@ def random_heads(n=3, layers=1, variant="shared-lm-head", hidden=H, vocab=V, see
 
 # ---- checkpoint format -----------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
-def test_round_trip_same_outputs_and_fasterdecoding_keys(tmp_path, variant):
+def test_round_trip_same_outputs(tmp_path, variant):
+    """save_pretrained writes vLLM's layout (names and config checked in test_medusa_vllm.py) and
+    from_pretrained reads it back to the same heads."""
     target = tiny_llama()
     heads = random_heads(n=3, layers=2, variant=variant).bind(target)
     heads.save_pretrained(tmp_path)
-    keys = set(load_file(str(tmp_path / "medusa_lm_head.safetensors")))
-    want = {f"{i}.{j}.linear.{w}" for i in range(3) for j in range(2) for w in ("weight", "bias")}
-    if variant == "full":
-        want |= {f"{i}.2.weight" for i in range(3)}
-    assert keys == want
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 2 and cfg["hf_spec_variant"] == variant
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]  # no temp folder left
     loaded = MedusaHeads.from_pretrained(tmp_path, target=target)
+    assert loaded.config == heads.config
     x = torch.randn(5, H)
     assert torch.equal(heads(x), loaded(x))
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+
+
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_previous_layout_still_loads_and_is_replaced_on_save(tmp_path, variant):
+    """A folder as hf-spec wrote it before it wrote vLLM's layout (FasterDecoding's keys in
+    medusa_lm_head.safetensors, medusa_num_heads in the config): loads as it did; saving over it leaves only
+    the new layout, since vLLM would read every *.safetensors in the folder."""
+    from hf_spec.medusa import heads as heads_module
+
+    target = tiny_llama()
+    heads = random_heads(n=3, layers=2, variant=variant, seed=3)
+    save_file({k: v.contiguous() for k, v in heads.heads.state_dict().items()},
+              str(tmp_path / "medusa_lm_head.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(heads.config.to_json()))
+    loaded = MedusaHeads.from_pretrained(tmp_path, target=target)
+    assert loaded.config == heads.config
+    x = torch.randn(4, H)
+    assert torch.equal(heads.bind(target)(x), loaded(x))
+    assert heads_module.checkpoint_num_heads(tmp_path) == 3
+    loaded.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert torch.equal(MedusaHeads.from_pretrained(tmp_path, target=target)(x), loaded(x))
 
 
 def test_fasterdecoding_pt_checkpoint_loads(tmp_path):
@@ -81,21 +100,21 @@ def test_bad_files_are_clear_errors(tmp_path):
     with pytest.raises(MedusaCheckpointError, match="no Medusa heads"):
         MedusaHeads.from_pretrained(tmp_path / "nowhere")
     good = tmp_path / "good"
-    random_heads(n=3).save_pretrained(good)
+    random_heads(n=3).bind(tiny_llama()).save_pretrained(good)
     # corrupt weights
     bad = tmp_path / "corrupt"
     bad.mkdir()
     (bad / "config.json").write_text((good / "config.json").read_text())
-    (bad / "medusa_lm_head.safetensors").write_bytes((good / "medusa_lm_head.safetensors").read_bytes()[:100])
+    (bad / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes()[:100])
     with pytest.raises(MedusaCheckpointError, match="cannot read"):
         MedusaHeads.from_pretrained(bad)
     # no weights / no config / broken config
-    (bad / "medusa_lm_head.safetensors").unlink()
-    with pytest.raises(MedusaCheckpointError, match="has no medusa_lm_head"):
+    (bad / "model.safetensors").unlink()
+    with pytest.raises(MedusaCheckpointError, match="has no model.safetensors, medusa_lm_head.safetensors"):
         MedusaHeads.from_pretrained(bad)
     nocfg = tmp_path / "nocfg"
     nocfg.mkdir()
-    (nocfg / "medusa_lm_head.safetensors").write_bytes((good / "medusa_lm_head.safetensors").read_bytes())
+    (nocfg / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
     with pytest.raises(MedusaCheckpointError, match="no config.json"):
         MedusaHeads.from_pretrained(nocfg)
     (nocfg / "config.json").write_text("{not json")
@@ -103,15 +122,15 @@ def test_bad_files_are_clear_errors(tmp_path):
         MedusaHeads.from_pretrained(nocfg)
     # the config claims more heads than the file has
     cfg = json.loads((good / "config.json").read_text())
-    (nocfg / "config.json").write_text(json.dumps(dict(cfg, medusa_num_heads=4)))
-    with pytest.raises(MedusaCheckpointError, match="missing"):
+    (nocfg / "config.json").write_text(json.dumps(dict(cfg, num_heads=4)))
+    with pytest.raises(MedusaCheckpointError, match=r"missing \['blocks.3.layers.0.bias'"):
         MedusaHeads.from_pretrained(nocfg)
     # a tensor of the wrong shape
-    state = load_file(str(good / "medusa_lm_head.safetensors"))
-    state["1.0.linear.bias"] = torch.zeros(H + 1)
-    save_file(state, str(nocfg / "medusa_lm_head.safetensors"))
+    state = load_file(str(good / "model.safetensors"))
+    state["blocks.1.layers.0.bias"] = torch.zeros(H + 1)
+    save_file(state, str(nocfg / "model.safetensors"))
     (nocfg / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(MedusaCheckpointError, match="shape"):
+    with pytest.raises(MedusaCheckpointError, match=r"blocks.1.layers.0.bias has shape \(33,\)"):
         MedusaHeads.from_pretrained(nocfg)
 
 

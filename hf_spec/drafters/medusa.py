@@ -32,8 +32,8 @@ class MedusaDrafter(Drafter):
     """Speculate with Medusa heads on the target's last hidden state.
 
     Args:
-        heads: :class:`~hf_spec.medusa.heads.MedusaHeads`, or the path of a heads folder (FasterDecoding
-            format, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads.
+        heads: :class:`~hf_spec.medusa.heads.MedusaHeads`, or the path of a heads folder (vLLM's or
+            FasterDecoding's layout, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads.
         num_speculative_tokens: k, tokens drafted per step; at most the number of heads (default: all heads).
 
     Raises:
@@ -74,12 +74,10 @@ class MedusaDrafter(Drafter):
         """``medusa:DIR``: DIR must be a heads folder (or the name of shipped or cached heads) with a config and
         weights, and a given k at most its head count (read from the config; nothing is loaded)."""
         super().check_spec(argument, num_speculative_tokens)
-        from ..medusa.heads import WEIGHTS_PT, WEIGHTS_SAFETENSORS, _read_config, heads_path
+        from ..medusa.heads import checkpoint_num_heads, heads_path
 
         path = heads_path(argument)  # MedusaCheckpointError (a ValueError) names what is missing
-        if not ((path / WEIGHTS_SAFETENSORS).is_file() or (path / WEIGHTS_PT).is_file()):
-            raise ValueError(f"{path} has no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}: not a folder of Medusa heads")
-        heads = _read_config(path).get("medusa_num_heads")
+        heads = checkpoint_num_heads(path)
         if isinstance(num_speculative_tokens, int) and isinstance(heads, int) and num_speculative_tokens > heads:
             raise ValueError(f"k={num_speculative_tokens} but the Medusa checkpoint {path} has {heads} heads (one "
                              f"drafted token each); use k <= {heads}, or leave k unset (all heads)")

@@ -1,33 +1,58 @@
-"""Medusa heads and their checkpoint format (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration
-Framework with Multiple Decoding Heads"; layout of FasterDecoding/Medusa ``medusa/model/medusa_model.py``).
+"""Medusa heads and their checkpoint formats (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration
+Framework with Multiple Decoding Heads"; module layout of FasterDecoding/Medusa
+``medusa/model/medusa_model.py``; files in the layout of vLLM's Medusa draft,
+``vllm/model_executor/models/medusa.py`` and ``vllm/transformers_utils/configs/medusa.py``).
 
 Head i (0-based) reads the target's last hidden state at position t (the input of its ``lm_head``, after
 the final norm) and predicts the token at t + i + 2: the target's own ``lm_head`` gives t + 1. A head is
-``L`` residual blocks ``x + SiLU(W x + b)`` followed by a vocabulary projection.
+``L`` residual blocks ``x + SiLU(W x + b)`` followed by a vocabulary projection without bias. That is the
+computation of vLLM's ``ResidualBlock`` with ``medusa_fc_bias`` true, followed by its ``ParallelLMHead``
+with ``logit_scale`` 1; vLLM's default is ``medusa_fc_bias`` false, so the config hf-spec writes says true.
 
 Two variants:
 
-- ``full``: each head has its own ``Linear(hidden, vocab, bias=False)``, the FasterDecoding layout; files
-  from FasterDecoding (and TGI, which reads the same format) load as they are.
-- ``shared-lm-head``: the heads reuse the target's ``lm_head``; only the residual blocks are new (files
-  ~1/50 of the size for a 150k vocabulary, and the one projection is read once for all heads per step).
+- ``full``: each head has its own ``Linear(hidden, vocab, bias=False)``, the FasterDecoding layout.
+- ``shared-lm-head``: the heads reuse the target's ``lm_head``; only the residual blocks are trained, and
+  hf-spec projects with the target's own ``lm_head`` (read once for all heads per step).
 
-On disk (a folder)::
+Written (:meth:`MedusaHeads.save_pretrained`), a folder that vLLM's Medusa loader reads as it is
+(``speculative_config={"method": "medusa", "model": DIR, "num_speculative_tokens": k}``; docs/vllm.md)::
 
-    config.json                      {"medusa_num_heads": N, "medusa_num_layers": L, "hidden_size": H,
-                                      "vocab_size": V, "hf_spec_variant": "full" | "shared-lm-head", ...}
-    medusa_lm_head.safetensors       keys "{i}.{j}.linear.weight" [H, H], "{i}.{j}.linear.bias" [H],
-                                     and for "full" "{i}.{L}.weight" [V, H]
+    config.json         {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": N,
+                         "num_hidden_layers": L, "hidden_size": H, "vocab_size": V,
+                         "truncated_vocab_size": V, "medusa_fc_bias": true,
+                         "original_lm_head": <variant is shared-lm-head>,
+                         "hf_spec_variant": "full" | "shared-lm-head", "base_model_name_or_path": ...}
+    model.safetensors   "blocks.{i}.layers.{j}.weight" [H, H], "blocks.{i}.layers.{j}.bias" [H];
+                        full: "lm_heads.{i}.weight" [V, H] for every head;
+                        shared-lm-head: one "lm_heads.0.weight" [V, H], a copy of the target's lm_head
+
+vLLM's Medusa draft does not read the target's ``lm_head``: with ``original_lm_head`` it builds one
+projection that all heads share and its ``load_weights`` fills it from ``lm_heads.0.weight``, so a
+``shared-lm-head`` folder carries that one copy (stored in bfloat16 when that loses nothing, as for a
+target whose checkpoint is bfloat16). hf-spec itself still projects with the target's ``lm_head`` and does
+not load the copy; it only compares a few of its rows with the target's when loading for a target.
+
+Read as well, the layout hf-spec wrote before (the heads shipped in ``hf_spec/data/medusa``) and
+FasterDecoding's (TGI reads the same)::
+
+    config.json                  {"medusa_num_heads": N, "medusa_num_layers": L, "hidden_size": H,
+                                  "vocab_size": V, "hf_spec_variant": ..., ...}
+    medusa_lm_head.safetensors   "{i}.{j}.linear.weight" [H, H], "{i}.{j}.linear.bias" [H],
+                                 and for "full" "{i}.{L}.weight" [V, H]
     (or medusa_lm_head.pt, a torch state dict with the same keys, as FasterDecoding saves)
 
-A FasterDecoding ``config.json`` has no ``hf_spec_variant``: the variant is then read from the weights
-(a ``{i}.{L}.weight`` key means ``full``).
+A config without ``hf_spec_variant`` (FasterDecoding's, or vLLM-layout files from other tools) gets its
+variant from the files: ``original_lm_head`` true means ``shared-lm-head``; in FasterDecoding's layout a
+``{i}.{L}.weight`` key means ``full``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -39,9 +64,16 @@ from torch import nn
 __all__ = ["MedusaConfig", "MedusaHeads", "MedusaCheckpointError", "ResBlock", "VARIANTS", "heads_path",
            "SHIPPED_DIR"]
 
+logger = logging.getLogger("hf_spec")
+
 VARIANTS = ("full", "shared-lm-head")
+#: vLLM's layout, written
+WEIGHTS_VLLM = "model.safetensors"
+#: FasterDecoding's layout (hf-spec's own before it wrote vLLM's), read
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
 WEIGHTS_PT = "medusa_lm_head.pt"
+#: a prefix vLLM's ``Medusa.load_weights`` strips from every name
+VLLM_PREFIX = "medusa_heads."
 #: heads shipped inside the package (small ones: SmolLM2-135M)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "medusa"
 
@@ -78,7 +110,8 @@ class MedusaCheckpointError(ValueError):
 
 @dataclass
 class MedusaConfig:
-    """What ``config.json`` of a heads folder holds.
+    """The sizes and variant of a set of heads (what ``config.json`` of a heads folder says, under vLLM's
+    key names or FasterDecoding's).
 
     Attributes:
         medusa_num_heads: N, the number of heads (the most tokens drafted per step).
@@ -105,9 +138,33 @@ class MedusaConfig:
                 raise MedusaCheckpointError(f"Medusa config: {name} must be a positive integer, got {value!r}")
 
     def to_json(self) -> dict:
+        """FasterDecoding's keys plus ``hf_spec_variant`` (the config hf-spec wrote before it wrote vLLM's;
+        still the identity of a training run in :mod:`hf_spec.medusa.train`'s checkpoints)."""
         d = asdict(self)
         d["hf_spec_variant"] = d.pop("variant")
         return d
+
+    def to_vllm_json(self) -> dict:
+        """``config.json`` as vLLM's ``MedusaConfig`` reads it (``vllm/transformers_utils/configs/medusa.py``):
+        ``model_type`` ``"medusa"`` (so vLLM detects the method from the folder), ``num_heads``,
+        ``num_hidden_layers``, sizes, ``truncated_vocab_size`` equal to ``vocab_size`` (no token map),
+        ``medusa_fc_bias`` true (hf-spec's blocks have biases; vLLM's default is none) and
+        ``original_lm_head`` for the shared projection; plus hf-spec's ``hf_spec_variant`` and
+        ``base_model_name_or_path``. No other key holds both "num" and "heads" (or "layers"): vLLM renames
+        every such key to ``num_heads`` (``num_hidden_layers``) when it reads the file."""
+        return {
+            "model_type": "medusa",
+            "architectures": ["MedusaModel"],
+            "num_heads": self.medusa_num_heads,
+            "num_hidden_layers": self.medusa_num_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "truncated_vocab_size": self.vocab_size,
+            "medusa_fc_bias": True,
+            "original_lm_head": self.variant == "shared-lm-head",
+            "hf_spec_variant": self.variant,
+            "base_model_name_or_path": self.base_model_name_or_path,
+        }
 
 
 class ResBlock(nn.Module):
@@ -129,9 +186,10 @@ class MedusaHeads(nn.Module):
     Args:
         config: sizes and variant (:class:`MedusaConfig`).
 
-    ``self.heads`` is an ``nn.ModuleList`` whose state dict has exactly FasterDecoding's keys. The
-    ``shared-lm-head`` variant needs the target's projection: :meth:`bind` it (the drafter and the trainer
-    do); it is not part of this module's parameters or of the saved file.
+    ``self.heads`` is an ``nn.ModuleList`` whose state dict has exactly FasterDecoding's keys
+    (:meth:`vllm_state_dict` gives vLLM's names). The ``shared-lm-head`` variant needs the target's
+    projection: :meth:`bind` it (the drafter and the trainer do); it is not part of this module's
+    parameters, and :meth:`save_pretrained` writes a copy of it only because vLLM needs one.
     """
 
     def __init__(self, config: MedusaConfig):
@@ -229,84 +287,148 @@ class MedusaHeads(nn.Module):
         return next(self.heads.parameters()).dtype
 
     # ---- checkpoint I/O -----------------------------------------------------------------------------
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write ``config.json`` and ``medusa_lm_head.safetensors`` (FasterDecoding keys) to ``directory``.
+    def vllm_state_dict(self, lm_head: torch.Tensor | nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """The heads' tensors under the names vLLM's ``Medusa.load_weights`` consumes
+        (``vllm/model_executor/models/medusa.py``), on the CPU (the blocks' tensors share memory with the
+        parameters of heads that are on the CPU).
+
+        Head i's block j is ``blocks.{i}.layers.{j}`` (``.weight`` [H, H], ``.bias`` [H]); the projection is
+        ``lm_heads.{i}.weight`` [V, H] per head (``full``) or, for ``shared-lm-head``, one
+        ``lm_heads.0.weight``, which vLLM's loader puts into the projection all heads share when the config
+        has ``original_lm_head``.
+
+        Args:
+            lm_head: for ``shared-lm-head``, the target's projection (its weight ``[V, H]`` or the module);
+                default: the bound target's (:meth:`bind`). Ignored for ``full``.
+
+        Raises:
+            MedusaCheckpointError: ``shared-lm-head`` with no projection given or bound, or one whose shape
+                is not ``[vocab_size, hidden_size]`` or that is not floating point.
+        """
+        L = self.config.medusa_num_layers
+        state: dict[str, torch.Tensor] = {}
+        for i, head in enumerate(self.heads):
+            for j in range(L):
+                state[f"blocks.{i}.layers.{j}.weight"] = head[j].linear.weight
+                state[f"blocks.{i}.layers.{j}.bias"] = head[j].linear.bias
+            if not self.shares_lm_head:
+                state[f"lm_heads.{i}.weight"] = head[L].weight
+        state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        if self.shares_lm_head:
+            state["lm_heads.0.weight"] = self._lm_head_copy(lm_head)
+        return state
+
+    def _lm_head_copy(self, lm_head) -> torch.Tensor:
+        """The shared projection to store: bfloat16 when a float32 weight holds only bfloat16 values (a
+        target loaded in float32 from a bfloat16 checkpoint), which loses nothing and halves the file."""
+        if lm_head is None and self._lm_head:
+            lm_head = self._lm_head[0]
+        W = getattr(lm_head, "weight", lm_head)
+        if not isinstance(W, torch.Tensor):
+            raise MedusaCheckpointError(
+                "shared-lm-head heads are saved with a copy of the target's lm_head, because vLLM's Medusa draft "
+                "does not read the target's: bind the heads to their target first (heads.bind(target)) or pass "
+                "lm_head=target.get_output_embeddings()")
+        want = (self.config.vocab_size, self.config.hidden_size)
+        if tuple(W.shape) != want or not W.is_floating_point() or W.is_meta:
+            raise MedusaCheckpointError(
+                f"the lm_head to save with the heads must be a floating-point [vocab_size, hidden_size] = {list(want)} "
+                f"weight held in memory, got {W.dtype} {list(W.shape)}{' on the meta device' if W.is_meta else ''}")
+        W = W.detach().cpu().contiguous()
+        if W.dtype == torch.float32:
+            compact = W.to(torch.bfloat16)
+            if torch.equal(compact.float(), W):
+                return compact
+        return W
+
+    def save_pretrained(self, directory: str | os.PathLike, lm_head: torch.Tensor | nn.Module | None = None) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` in vLLM's Medusa layout (see the module docstring;
+        :meth:`vllm_state_dict`, :meth:`MedusaConfig.to_vllm_json`) to ``directory``; hf-spec and vLLM both
+        load the folder as it is.
+
+        Args:
+            directory: the folder (created if missing). Files of the older layout
+                (``medusa_lm_head.safetensors`` / ``.pt``) in it are removed: vLLM would read every
+                ``*.safetensors`` in the folder.
+            lm_head: ``shared-lm-head`` only: the target's projection to store (default: the bound target's).
 
         Written to a temporary folder first and moved into place, so a failure leaves no half-written file.
         Returns the folder.
+
+        Raises:
+            MedusaCheckpointError: ``shared-lm-head`` heads with no target bound and no ``lm_head`` (raised
+                before anything is written).
         """
         from safetensors.torch import save_file
 
+        state = self.vllm_state_dict(lm_head)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".medusa-", dir=out))
         try:
-            state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
-            save_file(state, str(tmp / WEIGHTS_SAFETENSORS), metadata={"format": "pt"})
-            (tmp / "config.json").write_text(json.dumps(self.config.to_json(), indent=2) + "\n")
-            for name in ("config.json", WEIGHTS_SAFETENSORS):
+            save_file(state, str(tmp / WEIGHTS_VLLM), metadata={"format": "pt"})
+            (tmp / "config.json").write_text(json.dumps(self.config.to_vllm_json(), indent=2) + "\n")
+            for name in ("config.json", WEIGHTS_VLLM):
                 os.replace(tmp / name, out / name)
-            stale = out / WEIGHTS_PT  # an older .pt beside the new file would be ambiguous
-            if stale.exists():
-                stale.unlink()
+            for stale in (WEIGHTS_SAFETENSORS, WEIGHTS_PT):  # the older layout beside the new one is ambiguous
+                if (out / stale).exists():
+                    (out / stale).unlink()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, target=None, dtype: torch.dtype | None = None) -> "MedusaHeads":
-        """Load heads from a folder in FasterDecoding's format (or hf-spec's, which is the same plus a variant).
+        """Load heads from a folder in vLLM's layout (``model.safetensors``, what :meth:`save_pretrained`
+        writes and vLLM's Medusa loader reads) or in FasterDecoding's (``medusa_lm_head.safetensors`` or
+        ``.pt``: the shipped heads, older hf-spec folders, FasterDecoding's).
 
         Args:
-            directory: the folder with ``config.json`` and ``medusa_lm_head.safetensors`` (or ``.pt``), or
-                the short name of shipped or cached heads (see :func:`heads_path`).
-            target: when given, checked (hidden size, vocabulary) and bound (see :meth:`bind`).
-            dtype: the heads' dtype (default: as stored).
+            directory: the folder, or the short name of shipped or cached heads (see :func:`heads_path`).
+            target: when given, checked (hidden size, vocabulary) and bound (see :meth:`bind`); for
+                ``shared-lm-head`` heads in vLLM's layout, a warning if the stored ``lm_head`` copy differs
+                from the target's (hf-spec uses the target's, vLLM the copy).
+            dtype: the heads' dtype (default: as the blocks are stored).
 
         Raises:
-            MedusaCheckpointError: folder, config or weights missing or unreadable; keys or shapes that do
-                not form N heads of L blocks; sizes that do not match ``target``.
+            MedusaCheckpointError: folder, config or weights missing or unreadable; names or shapes that do
+                not form N heads of L blocks; a config vLLM reads differently from what hf-spec computes (a
+                truncated vocabulary with ``token_map``, ``logit_scale`` other than 1, ``hf_spec_variant``
+                against ``original_lm_head``); sizes that do not match ``target``.
         """
         path = heads_path(directory)  # a folder, or the short name of shipped or cached heads
-        state = _read_weights(path)
         raw = _read_config(path)
-        n, L = raw.get("medusa_num_heads"), raw.get("medusa_num_layers", 1)
-        if n is None:
-            raise MedusaCheckpointError(f"{path / 'config.json'} has no medusa_num_heads")
-        full_key = f"0.{L}.weight"
-        variant = raw.get("hf_spec_variant") or ("full" if full_key in state else "shared-lm-head")
-        first = state.get("0.0.linear.weight")
-        proj = state.get(full_key)
-        hidden = raw.get("hidden_size") or (first.shape[1] if first is not None else proj.shape[1] if proj is not None else None)
-        vocab = raw.get("vocab_size") or (proj.shape[0] if proj is not None else None)
-        if vocab is None and target is not None:
-            vocab = target.get_output_embeddings().weight.shape[0]
-        if hidden is None or vocab is None:
-            raise MedusaCheckpointError(f"{path}: cannot tell hidden_size / vocab_size; add them to config.json")
-        config = MedusaConfig(int(n), int(L), int(hidden), int(vocab), variant, raw.get("base_model_name_or_path"))
+        weights = _weights_file(path)
+        if weights.name == WEIGHTS_VLLM:
+            config, state, stored_lm_head = _read_vllm(path, raw, target)
+        else:
+            state, stored_lm_head = _read_weights(path), None
+            config = _fasterdecoding_config(path, raw, state, target)
         heads = cls(config)
         expected = heads.heads.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
+        if missing or unexpected:  # names given in the file's own layout
+            if weights.name == WEIGHTS_VLLM:
+                missing, unexpected = _vllm_names(missing, config), _vllm_names(unexpected, config)
             raise MedusaCheckpointError(
-                f"{path}: the weights do not form {n} heads of {L} blocks ({variant}): "
-                f"missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
+                f"{path}: the weights do not form {config.medusa_num_heads} heads of {config.medusa_num_layers} "
+                f"blocks ({config.variant}): missing {missing[:4]}{'...' if len(missing) > 4 else ''}, "
                 f"unexpected {unexpected[:4]}{'...' if len(unexpected) > 4 else ''}; "
-                "check medusa_num_heads / medusa_num_layers in config.json")
+                "check the number of heads and layers in config.json")
         for key, tensor in state.items():
             if tuple(tensor.shape) != tuple(expected[key].shape):
+                name = _vllm_names([key], config)[0] if weights.name == WEIGHTS_VLLM else key
                 raise MedusaCheckpointError(
-                    f"{path}: {key} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)} "
-                    f"for hidden_size {hidden}, vocab_size {vocab}")
+                    f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[key].shape)} "
+                    f"for hidden_size {config.hidden_size}, vocab_size {config.vocab_size}")
         heads.heads.load_state_dict(state)
-        if dtype is not None:
-            heads.to(dtype)
-        else:
-            heads.to(next(iter(state.values())).dtype)
+        heads.to(dtype if dtype is not None else state["0.0.linear.weight"].dtype)
         heads.eval()
         if target is not None:
             heads.bind(target)
+            if stored_lm_head is not None:
+                _compare_lm_head(path, stored_lm_head, target.get_output_embeddings().weight)
         return heads
 
 
@@ -326,7 +448,7 @@ def _project(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 def _read_config(path: Path) -> dict:
     file = path / "config.json"
     if not file.exists():
-        raise MedusaCheckpointError(f"{path} has no config.json (medusa_num_heads, medusa_num_layers)")
+        raise MedusaCheckpointError(f"{path} has no config.json (num_heads, num_hidden_layers)")
     try:
         raw = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -336,7 +458,181 @@ def _read_config(path: Path) -> dict:
     return raw
 
 
+def _weights_file(path: Path) -> Path:
+    """The weights of a heads folder: vLLM's layout first, then FasterDecoding's."""
+    for name in (WEIGHTS_VLLM, WEIGHTS_SAFETENSORS, WEIGHTS_PT):
+        if (path / name).is_file():
+            return path / name
+    raise MedusaCheckpointError(
+        f"{path} has no {WEIGHTS_VLLM}, {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}: not a folder of Medusa heads")
+
+
+def _count(raw: dict, path: Path, names: tuple[str, ...], default: int | None = None):
+    """The value config.json gives under any of ``names`` (vLLM's and FasterDecoding's names for one
+    count); two that disagree are an error (vLLM would keep whichever its renaming meets last)."""
+    found = {name: raw[name] for name in names if name in raw}
+    if len({json.dumps(v) for v in found.values()}) > 1:
+        raise MedusaCheckpointError(f"{path / 'config.json'}: {found} disagree")
+    if not found:
+        if default is None:
+            raise MedusaCheckpointError(f"{path / 'config.json'} has no {' or '.join(names)}")
+        return default
+    return next(iter(found.values()))
+
+
+def checkpoint_num_heads(name_or_dir: str | os.PathLike) -> int:
+    """The number of heads a folder (or shipped / cached name) holds, from its config, checking that it has
+    weights; nothing is loaded.
+
+    Raises:
+        MedusaCheckpointError: no such heads, no weights file, no config or no head count in it.
+    """
+    path = heads_path(name_or_dir)
+    _weights_file(path)
+    return _count(_read_config(path), path, ("num_heads", "medusa_num_heads"))
+
+
+def _fasterdecoding_config(path: Path, raw: dict, state: dict[str, torch.Tensor], target) -> MedusaConfig:
+    """The config of a folder in FasterDecoding's layout; sizes the config leaves out come from the
+    weights (or the target's vocabulary, for shared heads)."""
+    n = _count(raw, path, ("medusa_num_heads", "num_heads"))
+    L = _count(raw, path, ("medusa_num_layers", "num_hidden_layers"), default=1)
+    full_key = f"0.{L}.weight"
+    variant = raw.get("hf_spec_variant") or ("full" if full_key in state else "shared-lm-head")
+    first, proj = state.get("0.0.linear.weight"), state.get(full_key)
+    hidden = raw.get("hidden_size") or (first.shape[1] if first is not None else proj.shape[1] if proj is not None else None)
+    vocab = raw.get("vocab_size") or (proj.shape[0] if proj is not None else None)
+    if vocab is None and target is not None:
+        vocab = target.get_output_embeddings().weight.shape[0]
+    if hidden is None or vocab is None:
+        raise MedusaCheckpointError(f"{path}: cannot tell hidden_size / vocab_size; add them to config.json")
+    return MedusaConfig(n, L, hidden, vocab, variant, raw.get("base_model_name_or_path"))
+
+
+_VLLM_BLOCK = re.compile(r"blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)")
+_VLLM_PROJECTION = re.compile(r"lm_heads\.(\d+)\.weight")
+_FD_BLOCK = re.compile(r"(\d+)\.(\d+)\.linear\.(weight|bias)")
+_FD_PROJECTION = re.compile(r"(\d+)\.(\d+)\.weight")
+
+
+def _fasterdecoding_name(name: str, L: int) -> str:
+    """vLLM's name of a tensor -> the key of :attr:`MedusaHeads.heads`' state dict (others unchanged)."""
+    if m := _VLLM_BLOCK.fullmatch(name):
+        return f"{m[1]}.{m[2]}.linear.{m[3]}"
+    if m := _VLLM_PROJECTION.fullmatch(name):
+        return f"{m[1]}.{L}.weight"
+    return name
+
+
+def _vllm_names(keys: list[str], config: MedusaConfig) -> list[str]:
+    """Keys of :attr:`MedusaHeads.heads`' state dict -> vLLM's names (for messages)."""
+    out = []
+    for key in keys:
+        if m := _FD_BLOCK.fullmatch(key):
+            out.append(f"blocks.{m[1]}.layers.{m[2]}.{m[3]}")
+        elif (m := _FD_PROJECTION.fullmatch(key)) and int(m[2]) == config.medusa_num_layers:
+            out.append(f"lm_heads.{m[1]}.weight")
+        else:
+            out.append(key)
+    return out
+
+
+def _read_vllm(path: Path, raw: dict, target) -> tuple[MedusaConfig, dict[str, torch.Tensor], str | None]:
+    """A folder in vLLM's layout, read as vLLM's ``MedusaConfig`` and ``Medusa.load_weights`` read it.
+
+    Returns the config, the blocks (and ``full`` projections) under :attr:`MedusaHeads.heads`' keys, with
+    zero biases when ``medusa_fc_bias`` is false (the same computation as vLLM's bias-free blocks), and for
+    ``shared-lm-head`` the file's name of the stored projection, which is not loaded.
+    """
+    cfg, file = path / "config.json", path / WEIGHTS_VLLM
+    n = _count(raw, path, ("num_heads", "medusa_num_heads"))
+    L = _count(raw, path, ("num_hidden_layers", "medusa_num_layers"), default=1)
+    vocab, truncated = raw.get("vocab_size"), raw.get("truncated_vocab_size")
+    if truncated is not None and vocab is not None and truncated != vocab:
+        raise MedusaCheckpointError(
+            f"{cfg}: truncated_vocab_size {truncated} != vocab_size {vocab}: vLLM drafts these heads over a reduced "
+            "vocabulary (token_map); hf-spec's heads predict the whole vocabulary and cannot load them")
+    if raw.get("logit_scale", 1.0) != 1.0:
+        raise MedusaCheckpointError(
+            f"{cfg}: logit_scale {raw['logit_scale']}: vLLM multiplies these heads' logits by it and hf-spec does "
+            "not; remove it (or fold it into the projections) to load them")
+    flags = {key: raw.get(key, False) for key in ("original_lm_head", "medusa_fc_bias")}  # vLLM's defaults
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise MedusaCheckpointError(f"{cfg}: {key} must be true or false, got {value!r}")
+    variant = "shared-lm-head" if flags["original_lm_head"] else "full"
+    if raw.get("hf_spec_variant", variant) != variant:
+        raise MedusaCheckpointError(
+            f"{cfg}: hf_spec_variant {raw['hf_spec_variant']!r} but original_lm_head {flags['original_lm_head']}, "
+            f"which vLLM reads as {variant!r}; make them agree")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as f:
+            names = {name.replace(VLLM_PREFIX, ""): name for name in f.keys()}  # as vLLM's load_weights
+            shapes = {short: tuple(f.get_slice(name).get_shape()) for short, name in names.items()}
+            lm_name = None
+            if variant == "shared-lm-head":  # vLLM: lm_heads.0.weight is mapped to lm_head.weight
+                found = [short for short in ("lm_heads.0.weight", "lm_head.weight") if short in names]
+                if len(found) != 1:
+                    raise MedusaCheckpointError(
+                        f"{file}: original_lm_head needs the one shared projection, lm_heads.0.weight (or "
+                        f"lm_head.weight); found {found or 'neither'}")
+                lm_name = found[0]
+            state = {_fasterdecoding_name(short, L): f.get_tensor(name) for short, name in names.items()
+                     if short not in (lm_name, "token_map")}  # vLLM ignores token_map without truncation
+    except MedusaCheckpointError:
+        raise
+    except Exception as e:  # truncated or corrupt file: safetensors errors of many kinds
+        raise MedusaCheckpointError(f"cannot read Medusa weights in {path}: {type(e).__name__}: {e}") from e
+    biases = sorted(short for short in names if _VLLM_BLOCK.fullmatch(short) and short.endswith(".bias"))
+    if biases and not flags["medusa_fc_bias"]:
+        raise MedusaCheckpointError(
+            f"{file} holds block biases ({biases[0]}, ...) but {cfg} does not set medusa_fc_bias: vLLM would "
+            "drop them; set \"medusa_fc_bias\": true")
+    if not flags["medusa_fc_bias"]:  # x + SiLU(W x) is x + SiLU(W x + 0)
+        for key in [k for k in state if _FD_BLOCK.fullmatch(k)]:
+            state[key[: -len("weight")] + "bias"] = torch.zeros(state[key].shape[0], dtype=state[key].dtype)
+    first = shapes.get("blocks.0.layers.0.weight")
+    proj = shapes.get(lm_name or "lm_heads.0.weight")
+    hidden = raw.get("hidden_size") or (first[1] if first else proj[1] if proj else None)
+    vocab = vocab or (proj[0] if proj else None)
+    if vocab is None and target is not None:
+        vocab = target.get_output_embeddings().weight.shape[0]
+    if hidden is None or vocab is None:
+        raise MedusaCheckpointError(f"{path}: cannot tell hidden_size / vocab_size; add them to config.json")
+    config = MedusaConfig(n, L, hidden, vocab, variant, raw.get("base_model_name_or_path"))
+    if lm_name is not None and shapes[lm_name] != (vocab, hidden):
+        raise MedusaCheckpointError(
+            f"{path}: {lm_name} has shape {shapes[lm_name]}, expected {(vocab, hidden)} "
+            f"for hidden_size {hidden}, vocab_size {vocab}")
+    return config, state, None if lm_name is None else names[lm_name]
+
+
+def _compare_lm_head(path: Path, name: str, target_weight: torch.Tensor) -> None:
+    """Warn when the ``lm_head`` copy stored with shared heads differs from the target's, on 24 rows (the
+    first, middle and last 8), compared in the coarser of the two dtypes."""
+    if not target_weight.is_floating_point() or target_weight.is_meta:
+        return
+    V = target_weight.shape[0]
+    spans = [(a, min(a + 8, V)) for a in sorted({0, V // 2, max(V - 8, 0)})]
+    from safetensors import safe_open
+
+    with safe_open(str(path / WEIGHTS_VLLM), framework="pt") as f:
+        rows = f.get_slice(name)
+        stored = torch.cat([rows[a:b] for a, b in spans])
+    mine = torch.cat([target_weight[a:b].detach().cpu() for a, b in spans])
+    coarse = max(stored.dtype, mine.dtype, key=lambda d: torch.finfo(d).eps)
+    if not torch.equal(stored.to(coarse), mine.to(coarse)):
+        logger.warning(
+            "%s: the lm_head stored with these shared-lm-head heads (%s, which vLLM uses) differs from the "
+            "target's (which hf-spec uses), so hf-spec and vLLM would draft differently; were the heads made "
+            "for another model of the same size? Re-save them bound to this target to update the copy.",
+            path, name)
+
+
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """FasterDecoding's layout: ``medusa_lm_head.safetensors``, else ``medusa_lm_head.pt``."""
     st, pt = path / WEIGHTS_SAFETENSORS, path / WEIGHTS_PT
     try:
         if st.exists():

@@ -368,7 +368,8 @@ def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
 def train_medusa(target, tokenizer, data: str, out_dir: str | os.PathLike, settings: TrainSettings,
                  target_name: str | None = None, progress: bool = True) -> dict:
     """Features (cached in ``out_dir/cache``), training (checkpointed, resumable), the agreement report,
-    and the heads saved in FasterDecoding's format in ``out_dir``.
+    and the heads saved in ``out_dir`` in vLLM's Medusa layout (:meth:`MedusaHeads.save_pretrained`: hf-spec
+    and vLLM load the folder as it is).
 
     Returns:
         the report (also written to ``out_dir/report.json``): settings, per-head agreement on held-out
