@@ -89,7 +89,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--drafter", default="ngram", help=f"{_specs()} (default: ngram)")
     p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k", help=K_HELP)
     p.add_argument("--prometheus-port", type=int, default=None,
-                   help="serve Prometheus metrics (vLLM's names, prefix hf_spec:) on 127.0.0.1:PORT/metrics while running")
+                   help="serve Prometheus metrics (vLLM v1's names: vllm:spec_decode_*, TTFT and inter-token latency "
+                        "histograms; model_name = --target) on 127.0.0.1:PORT/metrics while running")
     p.add_argument("--prometheus-hold", type=float, default=0.0,
                    help="keep serving the metrics this many seconds after generation ends (for a scrape)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
@@ -221,7 +222,8 @@ def _add_train_medusa(sub) -> None:
                         "reuse the target's lm_head, only the blocks are new")
     p.add_argument("--data", default="specbench",
                    help="specbench (default; the target answers the questions), questions.jsonl, or text.txt")
-    p.add_argument("--out", required=True, help="folder for config.json, medusa_lm_head.safetensors, report.json")
+    p.add_argument("--out", required=True, help="folder for the heads in vLLM's Medusa layout (config.json, model.safetensors) and "
+                        "report.json")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the data (default {d.epochs})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
