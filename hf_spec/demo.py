@@ -449,8 +449,9 @@ def build_app(models: DemoModels):
 
         run = go.click(_handler(models), [prompt, method, k, temperature, top_p, max_new, compare],
                        [out, stats, plot, plain, status])
-        # Gradio cancels the run and closes its generator, whose cleanup stops the generation
-        halt.click(lambda: "stopped", None, [status], cancels=[run], queue=False)
+        # Gradio cancels the run and closes its generator, whose cleanup stops the generation; the status line
+        # is set by a queued follow-up, so that it arrives after the run's last update
+        halt.click(None, None, None, cancels=[run], queue=False).then(lambda: "stopped", None, [status])
     app.queue(default_concurrency_limit=1)
     return app
 
