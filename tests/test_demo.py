@@ -68,7 +68,8 @@ class _ByteTokenizer:
 
     def __call__(self, text, return_tensors="pt"):
         ids = [2 + b % 30 for b in text.encode()]
-        return BatchEncoding({"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)})
+        return BatchEncoding({"input_ids": torch.tensor([ids]),
+                              "attention_mask": torch.ones(1, len(ids), dtype=torch.long)})
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join(f"<{i}>" for i in ids)
