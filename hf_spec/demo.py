@@ -401,10 +401,16 @@ def _handler(models: DemoModels):
     # without `from __future__ import annotations`
     def on_generate(prompt, method, k, temperature, top_p, max_new, compare, request: gr.Request):
         session = getattr(request, "session_hash", None) or ""
+        sent = [None] * 5
         try:
             with closing(stream(models, prompt, method, k, temperature, top_p, max_new, compare, session)) as updates:
                 for update in updates:
-                    yield (gr.skip(),) * 5 if update is None else update
+                    # only what changed: the plot is not drawn again, and an update still on its way when Stop
+                    # is pressed does not overwrite the status line with its own
+                    update = update or sent
+                    yield tuple(gr.skip() if new is old or (type(new) is str and new == old) else new
+                                for new, old in zip(update, sent))
+                    sent = update
         except ValueError as e:  # bad input: a message, no stack trace in the server's log
             raise gr.Error(html.escape(str(e)), title="Bad input", print_exception=False) from e
         except RuntimeError as e:
@@ -449,9 +455,8 @@ def build_app(models: DemoModels):
 
         run = go.click(_handler(models), [prompt, method, k, temperature, top_p, max_new, compare],
                        [out, stats, plot, plain, status])
-        # Gradio cancels the run and closes its generator, whose cleanup stops the generation; the status line
-        # is set by a queued follow-up, so that it arrives after the run's last update
-        halt.click(None, None, None, cancels=[run], queue=False).then(lambda: "stopped", None, [status])
+        # Gradio cancels the run and closes its generator, whose cleanup stops the generation
+        halt.click(lambda: "stopped", None, [status], cancels=[run])
     app.queue(default_concurrency_limit=1)
     return app
 

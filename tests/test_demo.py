@@ -8,6 +8,7 @@ is saved as a test artifact (``$HF_SPEC_ARTIFACTS``, default ``test-artifacts/``
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -159,6 +160,33 @@ def test_bad_input_is_a_gradio_error():
             next(handler(*args, None))
 
 
+def test_the_page_is_sent_only_what_changed():
+    """Each status line and each plot goes to the page once (an update still on its way when Stop is pressed
+    must not overwrite the status line, and a plot costs a PNG each time it is sent)."""
+    gr = pytest.importorskip("gradio")
+    from hf_spec.demo import _handler
+
+    models, go, updates = _tiny_models(), threading.Semaphore(0), []
+
+    def one_forward_per_update(module, args):
+        assert go.acquire(timeout=60)
+
+    handle = models.target.register_forward_pre_hook(one_forward_per_update)
+    try:
+        for update in _handler(models)("abc abc abc", "n-gram", "2", 0.0, 1.0, 24, True, None):
+            updates.append(update)
+            go.release()
+    finally:
+        handle.remove()
+    skip = gr.skip()
+    statuses = [u[4] for u in updates if u[4] != skip]
+    assert statuses[-1] == "run 1: finished" and len(statuses) == len(set(statuses)) >= 3  # spec, plain, done
+    plots = [u[2] for u in updates if u[2] is not skip and u[2] != skip]
+    assert len({id(p) for p in plots}) == len(plots) >= 1
+    tokens = [u[0] for u in updates if u[0] != skip]
+    assert len(tokens) > len(statuses)  # the token updates in between left the status line alone
+
+
 # ---- the real app in a real browser ------------------------------------------------------------------
 
 def _port() -> int:
@@ -195,6 +223,17 @@ def app(tmp_path_factory):
 
 def _log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _records_of(path: Path, run: int, until: str = "end", timeout: float = 120) -> dict:
+    """The run's log records by event, once its ``until`` record is written (a cancelled run ends after the
+    step it was in)."""
+    deadline = time.time() + timeout
+    while True:
+        records = {r["event"]: r for r in _log(path) if r["run"] == run}
+        if until in records or time.time() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def _run_of(page) -> int:
@@ -281,12 +320,16 @@ def test_demo_in_a_headless_browser(app, browser):
     run = _wait_running(page, after=before)
     page.locator("#stop").click()
     expect(page.locator("#status")).to_contain_text("stopped", timeout=60_000)
+    # the page takes Generate again once Gradio has finished cancelling (its progress overlay hides; a click
+    # before that is ignored, as any click on a running event)
+    expect(page.locator('#tokens [data-testid="status-tracker"]')).to_have_class(re.compile(r"\bhide\b"),
+                                                                                timeout=60_000)
     # absurd max tokens: a message
     page.locator("#max_new input").fill("100000")
     page.locator("#generate").click()
     expect(page.get_by_test_id("toast-body")).to_contain_text("Max new tokens must be", timeout=60_000)
     page.close()
-    records = {r["event"]: r for r in _log(log) if r["run"] == run}
+    records = _records_of(log, run)
     assert records["end"]["stopped"] and records["end"]["tokens"] <= records["cancel"]["tokens"] + 1 < 1024
     assert (ARTIFACTS / "demo.png").stat().st_size > 10_000
 
@@ -309,8 +352,8 @@ def test_a_closed_tab_stops_its_generation_and_the_next_request_waits(app, brows
     expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
     nxt = _run_of(page)
     page.close()
+    mine = _records_of(log, run)
     records = _log(log)
-    mine = {r["event"]: r for r in records if r["run"] == run}
     assert mine["end"]["stopped"] and mine["end"]["tokens"] <= mine["cancel"]["tokens"] + 1 < 1024
     order = [(r["event"], r["run"]) for r in records]
     assert order.index(("start", nxt)) > order.index(("end", run))  # never two generations at once
