@@ -1,35 +1,51 @@
-"""The Gradio demo: speculative decoding shown token by token, live.
+"""The Gradio demo: speculative decoding shown token by token, live, beside plain decoding's speed.
 
 ``hf-spec demo`` (or ``python demo/app.py``) serves it on a loopback port. Each step of the loop arrives as a
 :class:`~hf_spec.events.StepEvent` (the same events that feed the statistics and the benchmark) and is drawn
 at once: the drafter's accepted tokens, its rejected tokens struck through, and the target's own token (the
 correction that replaces them, or the bonus token after a fully accepted draft), each in its own colour.
 Beside it: acceptance rate, mean accepted length, tokens/s, acceptance by position, the k of each step, and
-optionally plain decoding of the same prompt with its own timer.
+the speedup over plain decoding of the same prompt.
 
-Requests are queued one at a time (``default_concurrency_limit=1``): the models and drafters are shared, so
-two users' generations never interleave, and each user's page gets only its own stream.
+The speedup is measured, not estimated: after the speculative stream, plain ``generate`` runs on the same
+prompt and settings (not at the same time: on a small CPU two generations at once would each run at about
+half speed) and its tokens/s is kept per prompt and settings, so asking again shows both rates at once.
+
+One generation at a time: requests are queued one at a time (``default_concurrency_limit=1``) and every
+generation also holds :attr:`DemoModels.lock`, because Gradio frees the queue slot of a request whose browser
+went away before the leftover generation has stopped. A closed tab, a reload or the Stop button ends the
+request's generator (Gradio closes it); its cleanup sets the run's stop flag, which the loop reads as a
+transformers ``StoppingCriteria`` after every token, so at most one more token is generated. ``--log FILE``
+records every run (start, cancel, end) as JSON lines.
 """
 
-from __future__ import annotations
-
 import html
+import itertools
+import json
 import queue
 import threading
 import time
+from collections import OrderedDict, deque
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
 
 from .events import StepEvent
 from .metrics import SpecStats
 
-__all__ = ["render_tokens", "build_app", "main", "DemoModels"]
+__all__ = ["render_tokens", "build_app", "main", "DemoModels", "RunLog", "stream"]
 
 MAX_NEW_TOKENS = 1024
 K_CHOICES = ["auto"] + [str(k) for k in range(1, 13)]
 METHODS = ["draft model", "medusa", "n-gram", "none"]
+#: plain decoding results kept (prompt and settings -> tokens/s); the oldest is dropped first
+PLAIN_CACHE_SIZE = 64
+#: seconds the page's generator waits for news before it yields a no-op update, so that Gradio can close
+#: it (a generator is closed only between two of its yields) within that long of a disconnect or Stop
+IDLE_YIELD_S = 0.25
 
 CSS = """
 .hfspec-out {font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.6; font-size: 14px;}
@@ -66,28 +82,36 @@ def render_tokens(events: list[StepEvent], decode) -> str:
     return '<div class="hfspec-out">' + "".join(parts) + "</div>"
 
 
-def _stats_markdown(stats: SpecStats, elapsed: float, plain: dict | None = None, status: str = "generating") -> str:
-    tps = stats.num_emitted_tokens / elapsed if elapsed > 0 else 0.0
-    lines = ["| measure | value |", "|---|---|", f"| status | {status} |",
-             f"| new tokens | {stats.num_emitted_tokens} |",
-             f"| acceptance rate | {stats.acceptance_rate:.1%} |",
-             f"| mean accepted length | {stats.mean_accepted_length:.2f} |",
-             f"| target forwards | {stats.num_target_forwards} |",
-             f"| tokens/s | {tps:.2f} |",
-             f"| TTFT | {stats.ttft_s:.2f} s |"]
+def _stats_markdown(stats: SpecStats, plain: dict | None = None) -> str:
+    """The statistics table: the speculative run's counters, and beside its tokens/s plain decoding's (running,
+    measured, or from the cache) and the speedup once plain decoding is complete."""
+    spec_tps = stats.tokens_per_s
+    lines = []
+    if plain and plain.get("done") and plain["tokens_per_s"] > 0:
+        lines.append(f"**Speedup {spec_tps / plain['tokens_per_s']:.2f}x**: {spec_tps:.2f} tokens/s speculative, "
+                     f"{plain['tokens_per_s']:.2f} tokens/s plain decoding"
+                     + (" (measured earlier on this server, same prompt and settings)" if plain.get("cached") else "")
+                     + "\n")
+    lines += ["| measure | value |", "|---|---|",
+              f"| new tokens | {stats.num_emitted_tokens} |",
+              f"| acceptance rate | {stats.acceptance_rate:.1%} |",
+              f"| mean accepted length | {stats.mean_accepted_length:.2f} |",
+              f"| target forwards | {stats.num_target_forwards} |",
+              f"| tokens/s | {spec_tps:.2f} |",
+              f"| TTFT | {stats.ttft_s:.2f} s |"]
     if stats.k_per_step:
         off = stats.k_per_step.count(0)
         lines.append(f"| k per step (last 10) | {' '.join(map(str, stats.k_per_step[-10:]))}"
                      f"{f' ({off} steps without speculation)' if off else ''} |")
     if plain:
-        lines.append(f"| plain decoding | {plain['tokens']} tokens, {plain['tokens_per_s']:.2f} tok/s |")
-        if plain.get("done") and plain["tokens_per_s"] > 0:
-            lines.append(f"| **speedup** | **{tps / plain['tokens_per_s']:.2f}x** |")
+        state = "cached" if plain.get("cached") else "measured" if plain.get("done") else "running"
+        lines.append(f"| plain decoding ({state}) | {plain['tokens']} tokens, {plain['tokens_per_s']:.2f} tokens/s |")
     return "\n".join(lines)
 
 
 def _acceptance_plot(stats: SpecStats):
-    """A small matplotlib bar chart of acceptance by draft position."""
+    """A small matplotlib bar chart of acceptance by draft position (fixed margins: a tight layout would cost
+    several times the drawing, on the cores the generation runs on)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,34 +124,53 @@ def _acceptance_plot(stats: SpecStats):
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance")
     ax.set_title("Acceptance by draft position", fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.25, top=0.86)
     plt.close(fig)
     return fig
 
 
-class _StopFlag(StoppingCriteria):
-    """Ends generation when the user presses Stop."""
+class RunLog:
+    """What the demo ran: one record per run's start, cancel (its page went away or pressed Stop while it ran)
+    and end, with the run's phase (``speculative`` or ``plain``) and how many new tokens that phase had.
 
-    def __init__(self, flag: threading.Event):
-        self.flag = flag
+    Records are kept in memory (the last ``keep``) and, with ``path`` (``--log FILE``), appended to that file
+    as JSON lines, in the order they happened.
+    """
 
-    def __call__(self, input_ids, scores, **kwargs):
-        return torch.full((input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool, device=input_ids.device)
+    def __init__(self, path: str | None = None, keep: int = 1000):
+        self.path = path
+        self.records: deque = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def write(self, event: str, run: int, **fields) -> None:
+        record = {"event": event, "run": run, "time": round(time.time(), 3), **fields}
+        with self._lock:
+            self.records.append(record)
+            if self.path:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
 
 
 @dataclass
 class DemoModels:
-    """What the demo serves: the target, its tokenizer, and its drafters by the label the page shows.
+    """What the demo serves: the target, its tokenizer, its drafters by the label the page shows, and what
+    the requests share.
 
     The drafters are built once (:func:`load_models`, through the drafter registry) and shared by every
     request: a generate call works on its own bound copy of a drafter and passes k per call, so requests never
-    change one another's drafter.
+    change one another's drafter. ``lock`` is held by a generation from its first forward to its last, so two
+    never run on the models at once; ``plain_cache`` keeps plain decoding's measurement per prompt and settings
+    (at most :data:`PLAIN_CACHE_SIZE`); ``log`` records every run.
     """
 
     target: object
     tokenizer: object
     drafters: dict = field(default_factory=dict)  # label in METHODS -> Drafter
     names: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    plain_cache: OrderedDict = field(default_factory=OrderedDict)
+    log: RunLog = field(default_factory=RunLog)
+    run_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def drafter(self, method: str):
         """The drafter for a page label (``None`` for ``"none"``).
@@ -138,42 +181,130 @@ class DemoModels:
         if method == "none":
             return None
         if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+            raise ValueError(f"unknown drafter {method!r}; choose one of {', '.join(METHODS)}")
         if method not in self.drafters:
             flag = {"draft model": "--draft NAME", "medusa": "--medusa DIR|NAME"}.get(method, "")
             raise ValueError(f"no {method} drafter loaded: start the demo with {flag}")
         return self.drafters[method]
 
 
+def _number(value, name: str, kind=float):
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+
+
 def _check(prompt: str, k, max_new_tokens, temperature, top_p) -> tuple:
     """Validate the form; raise ValueError with a message for the page."""
-    if not prompt or not prompt.strip():
+    if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("Empty prompt: type a question or some code first.")
     if str(k) not in K_CHOICES:
         raise ValueError(f"k must be auto or an integer from 1 to 12, got {k!r}.")
     k = "auto" if str(k) == "auto" else int(k)
-    try:
-        max_new_tokens = int(max_new_tokens)
-    except (TypeError, ValueError):
-        raise ValueError(f"Max new tokens must be a whole number, got {max_new_tokens!r}.")
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"Max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens}.")
-    temperature, top_p = float(temperature or 0.0), float(top_p or 1.0)
+    max_new = _number(max_new_tokens, "Max new tokens")
+    if not 1 <= max_new <= MAX_NEW_TOKENS or max_new != int(max_new):
+        raise ValueError(f"Max new tokens must be a whole number between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens}.")
+    temperature = _number(0.0 if temperature is None else temperature, "Temperature")
+    top_p = _number(1.0 if top_p is None else top_p, "Top-p")
     if not 0 <= temperature <= 2:
         raise ValueError(f"Temperature must be between 0 (greedy) and 2, got {temperature}.")
     if not 0 < top_p <= 1:
         raise ValueError(f"Top-p must be in (0, 1], got {top_p}.")
-    return k, max_new_tokens, temperature, top_p
+    return k, int(max_new), temperature, top_p
+
+
+class _Run(StoppingCriteria):
+    """One request's generation: its stop flag, read as a stopping criterion after every new token (by the
+    speculative loop and by plain ``generate`` alike), and how far its current phase has got."""
+
+    def __init__(self, run_id: int, prompt_len: int):
+        self.id = run_id
+        self.prompt_len = prompt_len
+        self.stop = threading.Event()
+        self.phase = "waiting"
+        self.tokens = 0  # new tokens of the current phase, as the last stopping check saw them
+        self.done = False
+        self.text = None  # the speculative output as the page shows it, once complete
+        self.lock = threading.Lock()  # orders the cancel record before the end record
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.tokens = input_ids.shape[-1] - self.prompt_len  # before reading the flag: see stream()'s cleanup
+        return torch.full((input_ids.shape[0],), self.stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class _PlainStreamer(BaseStreamer):
+    """Passes plain ``generate``'s new tokens to the page's queue, with the time each arrived (the first
+    ``put`` is the prompt: the clock starts there, as the speculative loop's does)."""
+
+    def __init__(self, out: queue.Queue):
+        self.out, self.t0 = out, None
+
+    def put(self, value):
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+            return
+        self.out.put(("plain", value.reshape(-1).tolist(), time.perf_counter() - self.t0))
+
+    def end(self):
+        pass
+
+
+def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, record: dict, out: queue.Queue) -> None:
+    """One request's generations, on their own thread: the speculative one (``kwargs``: drafter, k, sampling,
+    max new tokens), then with ``plain`` plain decoding of the same prompt, both holding ``models.lock``.
+    Tells the page through ``out`` (``None`` last) and the run log (``record``: what the start record says)."""
+    from .loop import generate as spec_generate
+
+    tok = models.tokenizer
+    if not models.lock.acquire(blocking=False):
+        out.put(("waiting",))
+        models.lock.acquire()
+    try:
+        models.log.write("start", run.id, **record)
+        if run.stop.is_set():  # its page went away while it waited
+            return
+        run.phase, run.tokens = "speculative", 0
+        out.put(("phase", "speculative"))
+        res = models.target.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True,
+                                     event_listeners=[lambda ev: out.put(("step", ev))],
+                                     stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **kwargs)
+        run.text = "".join(tok.decode([t]) for t in res.sequences[0, run.prompt_len:].tolist())
+        if not plain or run.stop.is_set():
+            return
+        run.phase, run.tokens = "plain", 0
+        out.put(("phase", "plain"))
+        plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("drafter", "num_speculative_tokens")}
+        models.target.generate(**inputs, streamer=_PlainStreamer(out), stopping_criteria=StoppingCriteriaList([run]),
+                               tokenizer=tok, **plain_kwargs)
+        out.put(("plain_done", run.stop.is_set()))
+    except Exception as e:  # shown in the page
+        out.put(("error", e))
+    finally:
+        with run.lock:
+            run.done = True
+            models.log.write("end", run.id, phase=run.phase, tokens=run.tokens, stopped=run.stop.is_set(),
+                             **({"text": run.text} if run.text is not None else {}))
+        models.lock.release()
+        out.put(None)
 
 
 def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, top_p: float, max_new_tokens: int,
-           compare: bool, stop: threading.Event):
-    """Run one generation and yield ``(tokens_html, stats_markdown, acceptance_plot, plain_text)`` as the
-    steps arrive. Raises ValueError for bad input (before any model runs)."""
-    from .loop import generate as spec_generate
-    from .prompts import chat_inputs
+           compare: bool = True, session: str = ""):
+    """Run one request and yield ``(tokens_html, stats_markdown, acceptance_plot, plain_text, status)`` as its
+    steps arrive, or ``None`` when nothing is new for :data:`IDLE_YIELD_S` seconds.
 
-    from .loop import plan_num_speculative_tokens
+    The generation runs on its own thread (:func:`_work`). Closing this generator (Gradio does when the page
+    goes away or Stop is pressed) sets the run's stop flag: the generation ends after at most one more token.
+    With ``compare``, plain decoding of the same prompt and settings follows the speculative run, unless
+    :attr:`DemoModels.plain_cache` has it already.
+
+    Raises:
+        ValueError: bad input, before any model runs.
+        RuntimeError: the generation failed.
+    """
+    from .loop import generated_length, plan_num_speculative_tokens
+    from .prompts import chat_inputs
 
     k, max_new_tokens, temperature, top_p = _check(prompt, k, max_new_tokens, temperature, top_p)
     drafter = models.drafter(method)
@@ -182,78 +313,110 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     inputs = chat_inputs(tok, prompt)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-    stop.clear()
-    stopping = StoppingCriteriaList([_StopFlag(stop)])
-    events: queue.Queue = queue.Queue()
-    result: dict = {}
-
-    def run():
-        try:
-            result["out"] = models.target.generate(
-                **inputs, max_new_tokens=max_new_tokens, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
-                num_speculative_tokens=k if drafter is not None else None, event_listeners=[events.put],
-                stopping_criteria=stopping, tokenizer=tok, **sampling)
-        except Exception as e:  # shown in the page
-            result["error"] = e
-        finally:
-            events.put(None)
-
+    key = (prompt, max_new_tokens, temperature, top_p)
+    cached = models.plain_cache.get(key) if compare else None
+    if cached:
+        models.plain_cache.move_to_end(key)
+    run = _Run(next(models.run_ids), inputs["input_ids"].shape[1])
+    out: queue.Queue = queue.Queue()
+    kwargs = dict(drafter=drafter, num_speculative_tokens=k if drafter is not None else None,
+                  max_new_tokens=max_new_tokens, **sampling)
+    record = dict(session=session, prompt=prompt, method=method, k=k, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_p=top_p, plain="cached" if cached else "measure" if compare else "no")
+    worker = threading.Thread(target=_work, args=(models, run, inputs, kwargs, compare and cached is None, record,
+                                                  out), daemon=True)
     decode = lambda t: tok.decode([t])  # noqa: E731
     seen: list[StepEvent] = []
     stats = SpecStats()
-    t0 = time.perf_counter()
-    threading.Thread(target=run, daemon=True).start()
+    plot, plotted = None, 0  # the plot and the number of steps it shows
+    plain_ids: list[int] = []
+    plain = dict(cached, cached=True) if cached else None
+    plain_text = cached["text"] if cached else ""
+    status = f"run {run.id}: queued"
+    error = None
     last = last_plot = 0.0
-    plot = _acceptance_plot(stats)
-    while True:
-        ev = events.get()
-        if ev is not None:
-            seen.append(ev)
-            stats(ev)
-        now = time.perf_counter()
-        if ev is None or now - last > 0.05:
-            last = now
-            if ev is None or now - last_plot > 1.0:  # the plot costs more to draw: once a second
-                last_plot, plot = now, _acceptance_plot(stats)
-            yield (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, now - t0),
-                   plot, "")
-        if ev is None:
-            break
-    if "error" in result:
-        raise ValueError(f"Generation failed: {result['error']}")
-    elapsed = stats.total_s or (time.perf_counter() - t0)
-    html_out = LEGEND + render_tokens(seen, decode)
-    if not compare or stop.is_set():
-        yield (html_out, _stats_markdown(stats, elapsed, status="stopped" if stop.is_set() else "finished"),
-               plot, "")
-        return
-    # plain decoding of the same prompt, streamed with its own timer
-    streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
-    plain: dict = {"tokens": 0, "tokens_per_s": 0.0}
-    box: dict = {}
 
-    def run_plain():
-        torch.manual_seed(0)
-        box["out"] = models.target.generate(**inputs, max_new_tokens=max_new_tokens, streamer=streamer,
-                                            stopping_criteria=StoppingCriteriaList([_StopFlag(stop)]),
-                                            tokenizer=tok, **sampling)
+    def update():
+        return (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, plain), plot, plain_text, status)
 
-    t1 = time.perf_counter()
-    threading.Thread(target=run_plain, daemon=True).start()
-    text = ""
-    for piece in streamer:
-        text += piece
-        plain["tokens"] += 1  # approximate while streaming; exact count below
-        plain["tokens_per_s"] = plain["tokens"] / (time.perf_counter() - t1)
-        yield html_out, _stats_markdown(stats, elapsed, plain, "plain decoding"), plot, text
-    total = time.perf_counter() - t1
-    if "out" in box:
-        from .loop import generated_length
+    worker.start()
+    try:
+        while True:
+            try:
+                msg = out.get(timeout=IDLE_YIELD_S)
+            except queue.Empty:
+                yield None
+                continue
+            if msg is None:
+                break
+            kind = msg[0]
+            if kind == "waiting":
+                status = f"run {run.id}: waiting for the previous generation to stop"
+            elif kind == "phase":
+                status = f"run {run.id}: " + ("speculative decoding" if msg[1] == "speculative" else
+                                              "plain decoding of the same prompt, for the speedup")
+            elif kind == "step":
+                seen.append(msg[1])
+                stats(msg[1])
+            elif kind == "plain":
+                plain_ids += msg[1]
+                plain_text = tok.decode(plain_ids, skip_special_tokens=True)
+                plain = dict(tokens=len(plain_ids), tokens_per_s=len(plain_ids) / msg[2] if msg[2] > 0 else 0.0,
+                             done=False, text=plain_text)
+            elif kind == "plain_done" and plain is not None and not msg[1]:  # complete: measured
+                n = generated_length(plain_ids, models.target.generation_config.eos_token_id)
+                plain = dict(plain, tokens=n, done=True)
+                # kept for the next request with this prompt and these settings
+                models.plain_cache[key] = dict(tokens=n, tokens_per_s=plain["tokens_per_s"], text=plain_text,
+                                               done=True)
+                while len(models.plain_cache) > PLAIN_CACHE_SIZE:
+                    models.plain_cache.popitem(last=False)
+            elif kind == "error":
+                error = msg[1]
+            now = time.perf_counter()
+            if now - last > 0.05:
+                last = now
+                if stats.num_target_forwards != plotted and now - last_plot > 1.0:  # dearer to draw: once a second
+                    last_plot, plotted, plot = now, stats.num_target_forwards, _acceptance_plot(stats)
+                yield update()
+        if error is not None:
+            raise RuntimeError(f"Generation failed: {error}") from error
+        if stats.num_target_forwards != plotted:
+            plot = _acceptance_plot(stats)
+        status = f"run {run.id}: finished"
+        yield update()
+    finally:
+        with run.lock:
+            if not run.done:  # closed early: the page went away or Stop was pressed
+                run.stop.set()  # then read the count: the generation keeps at most one more token
+                models.log.write("cancel", run.id, phase=run.phase, tokens=run.tokens)
 
-        row = box["out"][0, inputs["input_ids"].shape[1]:].tolist()
-        plain["tokens"] = generated_length(row, models.target.generation_config.eos_token_id)
-    plain.update(tokens_per_s=plain["tokens"] / total, done=True)
-    yield html_out, _stats_markdown(stats, elapsed, plain, "finished"), plot, text
+
+def _handler(models: DemoModels):
+    """The Generate button's Gradio handler: :func:`stream` for this page's session, bad input as ``gr.Error``
+    (a message in the page), and closing it closes the stream (which stops the generation)."""
+    import gradio as gr
+
+    # Gradio passes the request to the parameter annotated gr.Request: a real annotation, so this module does
+    # without `from __future__ import annotations`
+    def on_generate(prompt, method, k, temperature, top_p, max_new, compare, request: gr.Request):
+        session = getattr(request, "session_hash", None) or ""
+        sent = [None] * 5
+        try:
+            with closing(stream(models, prompt, method, k, temperature, top_p, max_new, compare, session)) as updates:
+                for update in updates:
+                    # only what changed: the plot is not drawn again, and an update still on its way when Stop
+                    # is pressed does not overwrite the status line with its own
+                    update = update or sent
+                    yield tuple(gr.skip() if new is old or (type(new) is str and new == old) else new
+                                for new, old in zip(update, sent))
+                    sent = update
+        except ValueError as e:  # bad input: a message, no stack trace in the server's log
+            raise gr.Error(html.escape(str(e)), title="Bad input", print_exception=False) from e
+        except RuntimeError as e:
+            raise gr.Error(html.escape(str(e)), title="Generation failed") from e
+
+    return on_generate
 
 
 def build_app(models: DemoModels):
@@ -267,7 +430,6 @@ def build_app(models: DemoModels):
                     + (f", Medusa heads **{models.names['medusa']}**" if models.names.get("medusa") else "")
                     + ". Greedy output is token-identical to the target's own `generate`; sampling keeps its "
                       "distribution.")
-        stop_flag = gr.State(threading.Event)
         with gr.Row():
             with gr.Column(scale=1):
                 prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",
@@ -278,40 +440,36 @@ def build_app(models: DemoModels):
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
                 max_new = gr.Number(value=128, precision=0, label=f"Max new tokens (1-{MAX_NEW_TOKENS})",
                                     elem_id="max_new")
-                compare = gr.Checkbox(value=False, label="Then run plain decoding of the same prompt (speedup)")
+                compare = gr.Checkbox(value=True, elem_id="compare",
+                                      label="Speedup: time plain decoding of the same prompt after it "
+                                            "(once per prompt and settings, then remembered)")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="generate")
                     halt = gr.Button("Stop", elem_id="stop")
-                error = gr.Markdown(elem_id="error")
             with gr.Column(scale=2):
+                status = gr.Markdown(elem_id="status")
                 out = gr.HTML(LEGEND, elem_id="tokens")
                 stats = gr.Markdown(elem_id="stats")
                 plot = gr.Plot(label="Acceptance by draft position", elem_id="acceptance_plot")
-                plain = gr.Textbox(label="Plain decoding (when asked)", lines=4, elem_id="plain")
+                plain = gr.Textbox(label="Plain decoding of the same prompt", lines=4, elem_id="plain")
 
-        def on_generate(prompt, method, k, temperature, top_p, max_new, compare, flag):
-            try:
-                for html_out, md, frame, text in stream(models, prompt, method, k, temperature, top_p, max_new,
-                                                        compare, flag):
-                    yield html_out, md, frame, text, ""
-            except ValueError as e:
-                yield gr.update(), gr.update(), gr.update(), gr.update(), f"**Error:** {html.escape(str(e))}"
-
-        go.click(on_generate, [prompt, method, k, temperature, top_p, max_new, compare, stop_flag],
-                      [out, stats, plot, plain, error])
-        halt.click(lambda flag: flag.set(), [stop_flag], None, queue=False)
+        run = go.click(_handler(models), [prompt, method, k, temperature, top_p, max_new, compare],
+                       [out, stats, plot, plain, status])
+        # Gradio cancels the run and closes its generator, whose cleanup stops the generation
+        halt.click(lambda: "stopped", None, [status], cancels=[run])
     app.queue(default_concurrency_limit=1)
     return app
 
 
 def load_models(target: str, draft: str | None, medusa: str | None, dtype: str = "auto",
-                device_map: str | None = None) -> DemoModels:
+                device_map: str | None = None, log: str | None = None) -> DemoModels:
     """Load the target by short name, folder or hub name, and build its drafters with the drafter registry:
     n-gram lookup always, ``draft:DRAFT`` and ``medusa:MEDUSA`` when named.
 
     Args:
         device_map: ``--device-map`` (:func:`hf_spec.device.resolve_device_map`; default: ``auto`` when CUDA is
             available, else ``cpu``); ``dtype="auto"`` decides for that device. Drafts go on the target's device.
+        log: a file to append the run log to (:class:`RunLog`).
 
     Raises:
         ValueError: a bad drafter spec (e.g. no such Medusa heads) or device map, before the target loads.
@@ -327,7 +485,7 @@ def load_models(target: str, draft: str | None, medusa: str | None, dtype: str =
     model, tok = load(target, dtype=resolve_dtype(dtype, device_map), device_map=device_map)
     drafters = {label: make_drafter(spec, target=model, tokenizer=tok) for label, spec in parsed.items()}
     names = {"target": target} | ({"draft": draft} if draft else {}) | ({"medusa": medusa} if medusa else {})
-    return DemoModels(model, tok, drafters, names)
+    return DemoModels(model, tok, drafters, names, log=RunLog(log))
 
 
 def main(argv=None) -> int:
@@ -347,6 +505,8 @@ def main(argv=None) -> int:
     p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--log", default=None, metavar="FILE",
+                   help="append a JSON line per run start, cancel and end to FILE")
     args = p.parse_args(argv)
     medusa = args.medusa
     if medusa is None:
@@ -358,7 +518,7 @@ def main(argv=None) -> int:
         except MedusaCheckpointError:
             medusa = None  # no heads for this target: the Medusa choice is left out
     try:
-        models = load_models(args.target, args.draft or None, medusa, args.dtype, args.device_map)
+        models = load_models(args.target, args.draft or None, medusa, args.dtype, args.device_map, args.log)
     except ValueError as e:  # bad input: one line, as the other commands
         print(f"hf-spec: error: {e}", file=sys.stderr)
         return 2

@@ -1,21 +1,31 @@
-"""The Gradio demo in a real headless browser (Debian's chromium driven by Playwright), on the real
-SmolLM2-135M with its shipped Medusa heads: a prompt goes in, accepted and rejected tokens come out marked,
-the statistics appear, bad input gets a message in the page. A screenshot is saved as a test artifact
-(``$HF_SPEC_ARTIFACTS``, default ``test-artifacts/``)."""
+"""The Gradio demo. Mechanics on a tiny random model: closing a request's stream (what Gradio does when its
+page goes away or Stop is pressed) stops its generation within one token and the next request waits for it;
+plain decoding is measured once per prompt and settings; bad input is a ``gr.Error``. Then the real app in
+a real headless browser (Debian's chromium driven by Playwright), on the real SmolLM2-135M with its shipped
+Medusa heads: accepted and rejected tokens marked, the speedup shown, a closed tab's generation stopped, two
+pages at once each with its own stream. What ran is read from the app's run log (``--log``). A screenshot
+is saved as a test artifact (``$HF_SPEC_ARTIFACTS``, default ``test-artifacts/``)."""
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import BatchEncoding
 
-from hf_spec.demo import render_tokens
+from hf_spec.demo import DemoModels, render_tokens, stream
 from hf_spec.events import StepEvent
+
+from .conftest import tiny_llama
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("HF_SPEC_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
@@ -35,12 +45,7 @@ def test_render_marks_each_kind_of_token():
 def test_demo_drafters_are_built_once_and_checked_per_request():
     """One drafter per page label for the app's life (a call never changes it, so requests can share it);
     a k above what the drafter can propose, or a drafter not loaded, is a message before any work."""
-    import threading
-
     import hf_spec
-    from hf_spec.demo import DemoModels, stream
-
-    from .conftest import tiny_llama
 
     target = tiny_llama(seed=3)
     heads = hf_spec.MedusaHeads(hf_spec.MedusaConfig(3, 1, target.config.hidden_size, target.config.vocab_size,
@@ -48,11 +53,141 @@ def test_demo_drafters_are_built_once_and_checked_per_request():
     models = DemoModels(target, None, {"medusa": hf_spec.MedusaDrafter(heads), "n-gram": hf_spec.NgramDrafter()})
     assert models.drafter("medusa") is models.drafter("medusa") and models.drafter("none") is None
     with pytest.raises(ValueError, match="at most 3 tokens"):
-        next(stream(models, "hi", "medusa", 5, 0.0, 1.0, 8, False, threading.Event()))
+        next(stream(models, "hi", "medusa", 5, 0.0, 1.0, 8))
     with pytest.raises(ValueError, match="--draft NAME"):
-        next(stream(models, "hi", "draft model", 2, 0.0, 1.0, 8, False, threading.Event()))
+        next(stream(models, "hi", "draft model", 2, 0.0, 1.0, 8))
+    with pytest.raises(ValueError, match="unknown drafter"):
+        next(stream(models, "hi", "eagle", 2, 0.0, 1.0, 8))
     assert models.drafter("medusa").num_speculative_tokens == 3
+    assert not models.log.records  # nothing ran
 
+
+class _ByteTokenizer:
+    """A stand-in tokenizer for the tiny model: bytes to ids 2..31 (no chat template)."""
+
+    chat_template = None
+
+    def __call__(self, text, return_tensors="pt"):
+        ids = [2 + b % 30 for b in text.encode()]
+        return BatchEncoding({"input_ids": torch.tensor([ids]),
+                              "attention_mask": torch.ones(1, len(ids), dtype=torch.long)})
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def _tiny_models():
+    import hf_spec
+
+    target = tiny_llama(seed=5)
+    target.generation_config.eos_token_id = None  # runs to max_new_tokens: the tests decide when it stops
+    return DemoModels(target, _ByteTokenizer(), {"n-gram": hf_spec.NgramDrafter()})
+
+
+def _records(models, run):
+    return {r["event"]: r for r in models.log.records if r["run"] == run}
+
+
+def test_closing_the_stream_stops_its_generation_and_the_next_request_waits():
+    """Gradio closes a request's generator when its page goes away (or Stop is pressed). The generation
+    then keeps at most one more token than it had when the close was recorded, and a request that arrived
+    meanwhile starts only after it ended: the target forward in flight is held until both have happened."""
+    models = _tiny_models()
+    in_forward, release, forwards = threading.Event(), threading.Event(), []
+
+    def hold_the_fourth_forward(module, args, kwargs):
+        forwards.append(1)
+        if len(forwards) == 4:
+            in_forward.set()
+            assert release.wait(60)
+
+    handle = models.target.register_forward_pre_hook(hold_the_fourth_forward, with_kwargs=True)
+    try:
+        first = stream(models, "abc def abc def", "n-gram", 2, 0.0, 1.0, 200, True, "page-1")
+        next(first)  # running
+        assert in_forward.wait(60)
+        first.close()  # what Gradio does for a closed tab: the generator's cleanup stops the generation
+        second = stream(models, "something else", "n-gram", 2, 0.0, 1.0, 8, False, "page-2")
+        update = next(second)
+        assert "waiting for the previous generation to stop" in update[4]
+        release.set()
+        *_, last = [u for u in second if u is not None]
+    finally:
+        release.set()
+        handle.remove()
+    assert "finished" in last[4]
+    one, two = _records(models, 1), _records(models, 2)
+    assert one["cancel"]["phase"] == "speculative" and one["cancel"]["tokens"] >= 1
+    assert one["end"]["stopped"] and one["end"]["phase"] == "speculative"
+    assert one["end"]["tokens"] <= one["cancel"]["tokens"] + 1 < 200
+    order = [(r["event"], r["run"]) for r in models.log.records]
+    assert order == [("start", 1), ("cancel", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert two["end"]["tokens"] == 8 and not two["end"]["stopped"]
+
+
+def test_plain_decoding_is_measured_once_per_prompt_and_settings():
+    models = _tiny_models()
+
+    def run(prompt, max_new):
+        *_, last = [u for u in stream(models, prompt, "n-gram", 2, 0.0, 1.0, max_new) if u is not None]
+        return last
+
+    first, again, other = run("abc abc abc", 12), run("abc abc abc", 12), run("abc abc abc", 10)
+    starts = [r for r in models.log.records if r["event"] == "start"]
+    ends = [r for r in models.log.records if r["event"] == "end"]
+    assert [s["plain"] for s in starts] == ["measure", "cached", "measure"]
+    assert [e["phase"] for e in ends] == ["plain", "speculative", "plain"]  # the cached one ran no plain decoding
+    assert "Speedup" in first[1] and "plain decoding (measured) | 12 tokens" in first[1]
+    assert "measured earlier on this server" in again[1] and "plain decoding (cached) | 12 tokens" in again[1]
+    assert again[3] == first[3] != ""  # the remembered plain text is shown again
+    assert "plain decoding (measured) | 10 tokens" in other[1]
+
+
+def test_bad_input_is_a_gradio_error():
+    gr = pytest.importorskip("gradio")
+    from hf_spec.demo import _handler
+
+    handler = _handler(_tiny_models())
+    for args, message in [(("  ", "n-gram", "auto", 0.0, 1.0, 8, True), "Empty prompt"),
+                          (("hi", "n-gram", "13", 0.0, 1.0, 8, True), "k must be auto or an integer from 1 to 12"),
+                          (("hi", "n-gram", "auto", 0.0, 1.0, 0, True), "Max new tokens must be a whole number"),
+                          (("hi", "n-gram", "auto", 0.0, 1.0, 2.5, True), "Max new tokens must be a whole number"),
+                          (("hi", "n-gram", "auto", "hot", 1.0, 8, True), "Temperature must be a number"),
+                          (("hi", "n-gram", "auto", 3.0, 1.0, 8, True), "Temperature must be between"),
+                          (("hi", "n-gram", "auto", 0.0, 0.0, 8, True), "Top-p must be in"),
+                          (("hi", "medusa", "auto", 0.0, 1.0, 8, True), "no medusa drafter loaded")]:
+        with pytest.raises(gr.Error, match=message):
+            next(handler(*args, None))
+
+
+def test_the_page_is_sent_only_what_changed():
+    """Each status line and each plot goes to the page once (an update still on its way when Stop is pressed
+    must not overwrite the status line, and a plot costs a PNG each time it is sent)."""
+    gr = pytest.importorskip("gradio")
+    from hf_spec.demo import _handler
+
+    models, go, updates = _tiny_models(), threading.Semaphore(0), []
+
+    def one_forward_per_update(module, args):
+        assert go.acquire(timeout=60)
+
+    handle = models.target.register_forward_pre_hook(one_forward_per_update)
+    try:
+        for update in _handler(models)("abc abc abc", "n-gram", "2", 0.0, 1.0, 24, True, None):
+            updates.append(update)
+            go.release()
+    finally:
+        handle.remove()
+    skip = gr.skip()
+    statuses = [u[4] for u in updates if u[4] != skip]
+    assert statuses[-1] == "run 1: finished" and len(statuses) == len(set(statuses)) >= 3  # spec, plain, done
+    plots = [u[2] for u in updates if u[2] is not skip and u[2] != skip]
+    assert len({id(p) for p in plots}) == len(plots) >= 1
+    tokens = [u[0] for u in updates if u[0] != skip]
+    assert len(tokens) > len(statuses)  # the token updates in between left the status line alone
+
+
+# ---- the real app in a real browser ------------------------------------------------------------------
 
 def _port() -> int:
     with socket.socket() as s:
@@ -61,11 +196,12 @@ def _port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    port = _port()
+def app(tmp_path_factory):
+    """(url, run log path) of the demo serving SmolLM2-135M with a draft copy and its Medusa heads."""
+    port, log = _port(), tmp_path_factory.mktemp("demo") / "runs.jsonl"
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "demo" / "app.py"),
                              "--target", "smollm2-135m", "--draft", "smollm2-135m", "--medusa", "smollm2-135m",
-                             "--dtype", "float32", "--port", str(port)],
+                             "--dtype", "float32", "--port", str(port), "--log", str(log)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 300
@@ -80,47 +216,175 @@ def app_url():
     else:
         proc.kill()
         pytest.fail("the demo did not start in 300 s")
-    yield url
+    yield url, log
     proc.terminate()
     proc.wait(timeout=30)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)")
-def test_demo_in_a_headless_browser(app_url):
-    from playwright.sync_api import expect, sync_playwright
+def _log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+def _records_of(path: Path, run: int, until: str = "end", timeout: float = 120) -> dict:
+    """The run's log records by event, once its ``until`` record is written (a cancelled run ends after the
+    step it was in)."""
+    deadline = time.time() + timeout
+    while True:
+        records = {r["event"]: r for r in _log(path) if r["run"] == run}
+        if until in records or time.time() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _run_of(page) -> int:
+    """The run number the page's status line names."""
+    return int(page.locator("#status").inner_text().split(":")[0].split()[-1])
+
+
+def _wait_running(page, after: int = 0, tokens: int = 8) -> int:
+    """Wait until the page shows a run numbered above ``after`` in speculative decoding with more than
+    ``tokens`` tokens drawn; return its number."""
+    page.wait_for_function(
+        """([after, tokens]) => {
+            const m = document.querySelector('#status').innerText.match(/run (\\d+): speculative decoding/);
+            return m && +m[1] > after && document.querySelectorAll('#tokens .hfspec-out span').length > tokens;
+        }""", arg=[after, tokens], timeout=120_000)
+    return _run_of(page)
+
+
+def _shown_text(page) -> str:
+    """The output as the page shows it: every token span but the rejected drafts."""
+    return page.evaluate("Array.from(document.querySelectorAll('#tokens .hfspec-out span:not(.hfspec-rej)'))"
+                         ".map(e => e.textContent).join('')")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs Debian's chromium (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
-        # bad input: an empty prompt gets a message in the page, not a stack trace
-        page.locator("#prompt textarea").fill("")
-        page.locator("#generate").click()
-        expect(page.locator("#error")).to_contain_text("Empty prompt", timeout=60_000)
-        # Medusa heads at k = 3 on a code prompt: some drafted tokens accepted, some rejected
-        page.locator("#prompt textarea").fill("Write a Python function that returns the n-th Fibonacci number.")
-        page.get_by_label("medusa").check()
+        yield b
+        b.close()
+
+
+def _fill(page, prompt: str, max_new: int, method: str | None = None, k: str | None = None, compare=True):
+    """Set the form. The prompt goes last: on a page just loaded, the first edit was now and then lost by
+    Gradio's front end (6.0-6.11: the default prompt was submitted), and the widgets before it need the page's
+    scripts running."""
+    if method:
+        page.get_by_label(method).check()
+    if k:
         page.locator("#k input").click()
-        page.get_by_role("option", name="3", exact=True).click()
-        page.locator("#max_new input").fill("48")
-        page.locator("#generate").click()
-        expect(page.locator("#stats")).to_contain_text("finished", timeout=300_000)
-        assert page.locator("#error").inner_text().strip() == ""
-        assert page.locator("#tokens .hfspec-acc").count() > 0
-        assert page.locator("#tokens .hfspec-rej").count() > 0
-        assert page.locator("#tokens .hfspec-fix").count() > 0
-        stats = page.locator("#stats").inner_text()
-        for key in ("acceptance rate", "mean accepted length", "tokens/s"):
-            assert key in stats
-        expect(page.locator("#acceptance_plot img")).to_have_count(1, timeout=30_000)  # the plot is drawn
-        page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
-        # absurd max tokens: a message
-        page.locator("#max_new input").fill("100000")
-        page.locator("#generate").click()
-        expect(page.locator("#error")).to_contain_text("Max new tokens must be between", timeout=60_000)
-        browser.close()
+        page.get_by_role("option", name=k, exact=True).click()
+    page.locator("#max_new input").fill(str(max_new))
+    page.locator("#compare input").set_checked(compare)
+    page.locator("#prompt textarea").fill(prompt)
+
+
+@pytest.mark.slow
+def test_demo_in_a_headless_browser(app, browser):
+    from playwright.sync_api import expect
+
+    url, log = app
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(url)
+    # bad input: an empty prompt is a Gradio error message in the page, and nothing runs
+    _fill(page, "", 8)
+    page.locator("#generate").click()
+    expect(page.get_by_test_id("toast-body")).to_contain_text("Empty prompt", timeout=60_000)
+    page.get_by_test_id("toast-close").first.click()
+    # Medusa heads at k = 3 on a code prompt: some drafted tokens accepted, some rejected; then plain
+    # decoding of the same prompt, and the speedup
+    _fill(page, "Write a Python function that returns the n-th Fibonacci number.", 48, "medusa", "3")
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
+    assert page.locator("#tokens .hfspec-acc").count() > 0
+    assert page.locator("#tokens .hfspec-rej").count() > 0
+    assert page.locator("#tokens .hfspec-fix").count() > 0
+    stats = page.locator("#stats").inner_text()
+    for key in ("Speedup", "acceptance rate", "mean accepted length", "tokens/s", "plain decoding (measured)"):
+        assert key in stats
+    assert page.locator("#plain textarea").input_value().strip()
+    expect(page.locator("#acceptance_plot img")).to_have_count(1, timeout=30_000)  # the plot is drawn
+    page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
+    # Stop: Gradio cancels the run; the generation ends within one token of the cancel
+    _fill(page, "Count from 1 to 1000, one number per line.", 1024, "n-gram", compare=False)
+    before = _run_of(page)
+    page.locator("#generate").click()
+    run = _wait_running(page, after=before)
+    page.locator("#stop").click()
+    expect(page.locator("#status")).to_contain_text("stopped", timeout=60_000)
+    # the page takes Generate again once Gradio has finished cancelling (its progress overlay hides; a click
+    # before that is ignored, as any click on a running event)
+    expect(page.locator('#tokens [data-testid="status-tracker"]')).to_have_class(re.compile(r"\bhide\b"),
+                                                                                timeout=60_000)
+    # absurd max tokens: a message
+    page.locator("#max_new input").fill("100000")
+    page.locator("#generate").click()
+    expect(page.get_by_test_id("toast-body")).to_contain_text("Max new tokens must be", timeout=60_000)
+    page.close()
+    records = _records_of(log, run)
+    assert records["end"]["stopped"] and records["end"]["tokens"] <= records["cancel"]["tokens"] + 1 < 1024
     assert (ARTIFACTS / "demo.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_closed_tab_stops_its_generation_and_the_next_request_waits(app, browser):
+    from playwright.sync_api import expect
+
+    url, log = app
+    gone = browser.new_page()
+    gone.goto(url)
+    _fill(gone, "Count from 1 to 1000, one number per line.", 1024, "n-gram", compare=False)
+    gone.locator("#generate").click()
+    run = _wait_running(gone)
+    gone.close()  # the tab goes away mid-generation
+    page = browser.new_page()
+    page.goto(url)
+    _fill(page, "Write a haiku about the sea.", 16, "n-gram", compare=False)
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
+    nxt = _run_of(page)
+    page.close()
+    mine = _records_of(log, run)
+    records = _log(log)
+    assert mine["end"]["stopped"] and mine["end"]["tokens"] <= mine["cancel"]["tokens"] + 1 < 1024
+    order = [(r["event"], r["run"]) for r in records]
+    assert order.index(("start", nxt)) > order.index(("end", run))  # never two generations at once
+
+
+@pytest.mark.slow
+def test_two_pages_at_once_each_get_their_own_stream(app, browser):
+    from playwright.sync_api import expect
+
+    url, log = app
+    prompts = ["Write a haiku about the sea.", "Write a Python function that adds two numbers."]
+    pages = [browser.new_context().new_page() for _ in prompts]
+    for page, prompt in zip(pages, prompts):
+        page.goto(url)
+        _fill(page, prompt, 16, "n-gram", "3")
+    for page in pages:
+        page.locator("#generate").click()
+    for page in pages:
+        expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
+    runs = [_run_of(page) for page in pages]
+    records = _log(log)
+    for page, prompt, run in zip(pages, prompts, runs):
+        mine = {r["event"]: r for r in records if r["run"] == run}
+        assert mine["start"]["prompt"] == prompt  # the run this page shows is the one it asked for
+        assert _shown_text(page) == mine["end"]["text"]  # and every token it shows came from that run
+        assert "Speedup" in page.locator("#stats").inner_text()
+    assert _shown_text(pages[0]) != _shown_text(pages[1])
+    sessions = {r["session"] for r in records if r["event"] == "start" and r["run"] in runs}
+    assert len(sessions) == 2 and "" not in sessions  # two browser sessions
+    order = [(r["event"], r["run"]) for r in records if r["run"] in runs]
+    first, second = sorted(runs)
+    assert order == [("start", first), ("end", first), ("start", second), ("end", second)]  # one at a time
+    for page in pages:
+        page.context.close()
