@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import logging
 import types
 
@@ -22,6 +23,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from .drafters.base import Drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
+from .loop import ending_streamer
 from .loop import generate as spec_generate
 
 __all__ = ["enable_drafters", "disable_drafters", "drafter_for"]
@@ -83,8 +85,10 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         model: the target.
         kwargs: the keyword arguments of a ``generate`` call (changed in place).
 
+    Both ``assistant_model`` and ``prompt_lookup_num_tokens``: prompt lookup, as transformers (with a warning).
+
     Raises:
-        ValueError: both ``assistant_model`` and ``prompt_lookup_num_tokens`` (as transformers), or a k < 1.
+        ValueError: a k < 1.
     """
     config = kwargs.get("generation_config") or model.generation_config
 
@@ -93,10 +97,14 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
 
     assistant = kwargs.get("assistant_model")
     lookup = setting("prompt_lookup_num_tokens")
-    if assistant is not None and lookup is not None:
-        raise ValueError("pass either assistant_model or prompt_lookup_num_tokens, not both (as transformers)")
+    if assistant is not None and lookup is not None:  # transformers then runs prompt lookup
+        logger.warning("hf_spec: both assistant_model and prompt_lookup_num_tokens=%s are set; as transformers' "
+                       "generate, the call runs prompt lookup (n-gram) and does not use the assistant", lookup)
+        assistant = None
     if isinstance(assistant, Drafter):
         drafter = assistant
+        if setting("num_assistant_tokens") is not None and kwargs.get("num_speculative_tokens") is None:
+            kwargs["num_speculative_tokens"] = setting("num_assistant_tokens")
     elif assistant is not None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
@@ -107,13 +115,24 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         drafter = NgramDrafter(lookup, max_ngram=setting("max_matching_ngram_size") or 2, min_ngram=1)
     else:
         return None
+    if model.generation_config.stop_strings is not None:
+        # generate fills every unset value of the call's config from the model's, so these reach transformers,
+        # which cannot build them for a custom loop (it drops tokenizer= first) and would raise a misleading error
+        raise ValueError(
+            f"the model's generation_config sets stop_strings={model.generation_config.stop_strings!r}, which "
+            "transformers cannot build for a custom decoding loop; move them to the call: "
+            "stop = model.generation_config.stop_strings; model.generation_config.stop_strings = None; "
+            "model.generate(..., stop_strings=stop, tokenizer=tokenizer)")
     kwargs.pop("assistant_model", None)
     for key in _ASSISTED_KEYS:
         kwargs.pop(key, None)
-    if any(getattr(config, key, None) is not None for key in _ASSISTED_KEYS):
-        # the loop must not see transformers' own assisted settings (its mode check would run on them)
+    if any(getattr(config, key, None) is not None for key in _ASSISTED_KEYS + ("stop_strings",)):
+        # the loop must not see transformers' own assisted settings (its mode check would run on them), nor stop
+        # strings, which transformers cannot build for a custom loop (it drops tokenizer=): generate adds them
         config = copy.deepcopy(config)
-        for key in _ASSISTED_KEYS:
+        if config.stop_strings is not None and kwargs.get("stop_strings") is None:
+            kwargs["stop_strings"] = config.stop_strings
+        for key in _ASSISTED_KEYS + ("stop_strings",):
             setattr(config, key, None)
         kwargs["generation_config"] = config
     return drafter
@@ -123,20 +142,38 @@ def generate(self, *args, **kwargs):
     """``generate`` of a model after :func:`enable_drafters`: hf-spec's loop for a call with an assistant (see
     there), transformers' own ``generate`` (of the model's class) for everything else."""
     original = functools.partial(type(self).generate, self)
-    drafter = drafter_for(self, kwargs)
-    if drafter is None:
+    if kwargs.get("custom_generate") is not None:  # the caller chose a decoding loop: theirs
         return original(*args, **kwargs)
-    streamer = kwargs.pop("streamer", None)
-    stop_strings = kwargs.pop("stop_strings", None)
-    if stop_strings:
-        # transformers 5 drops `tokenizer=` before custom_generate's stopping criteria are built
-        tokenizer = kwargs.get("tokenizer")
-        if tokenizer is None:
-            raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate")
-        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
-        criteria.append(StopStringCriteria(tokenizer, stop_strings))
-        kwargs["stopping_criteria"] = criteria
-    return original(*args, custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
+    kwargs = _by_name(type(self).generate, args, kwargs)
+    with ending_streamer(kwargs.get("streamer")):
+        drafter = drafter_for(self, kwargs)
+        if drafter is None:
+            return original(**kwargs)
+        streamer = kwargs.pop("streamer", None)
+        stop_strings = kwargs.pop("stop_strings", None)
+        if stop_strings:
+            # transformers 5 drops `tokenizer=` before custom_generate's stopping criteria are built
+            tokenizer = kwargs.get("tokenizer")
+            if tokenizer is None:
+                raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate")
+            criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+            criteria.append(StopStringCriteria(tokenizer, stop_strings))
+            kwargs["stopping_criteria"] = criteria
+        return original(custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
+
+
+def _by_name(function, args: tuple, kwargs: dict) -> dict:
+    """``generate``'s positional arguments (``inputs``, ``generation_config``, ...) moved into ``kwargs`` by name,
+    so a generation config passed positionally is read like one passed by keyword."""
+    if not args:
+        return kwargs
+    names = [n for n in inspect.signature(function).parameters if n != "self"]
+    if len(args) > len(names):
+        raise TypeError(f"generate() takes at most {len(names)} positional arguments, got {len(args)}")
+    named = dict(zip(names, args))
+    if clash := sorted(set(named) & set(kwargs)):
+        raise TypeError(f"generate() got multiple values for {', '.join(clash)}")
+    return {**named, **kwargs}
 
 
 generate._hf_spec_enabled = True

@@ -496,15 +496,18 @@ def main(argv=None) -> int:
     from .device import DEVICE_MAP_HELP
 
     p = argparse.ArgumentParser(prog="hf-spec demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model ('' for none)")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b",
+                   help="target model: an offline short name, a local folder or a hub name (default: qwen2.5-coder-1.5b)")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                   help="draft model with the target's tokenizer ('' for none; default: qwen2.5-coder-0.5b)")
     p.add_argument("--medusa", default=None,
                    help="Medusa heads folder or name (default: the target's, when trained or shipped)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto = the fastest that is sound on the device the target goes to")
     p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default: 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=7860, help="port to serve on (default: 7860)")
     p.add_argument("--log", default=None, metavar="FILE",
                    help="append a JSON line per run start, cancel and end to FILE")
     args = p.parse_args(argv)
@@ -519,9 +522,12 @@ def main(argv=None) -> int:
             medusa = None  # no heads for this target: the Medusa choice is left out
     try:
         models = load_models(args.target, args.draft or None, medusa, args.dtype, args.device_map, args.log)
-    except ValueError as e:  # bad input: one line, as the other commands
+    except ValueError as e:  # bad input: one line and status 2, as the other commands
         print(f"hf-spec: error: {e}", file=sys.stderr)
         return 2
+    except (OSError, ImportError) as e:  # a failure while running (a model that cannot be read): status 1
+        print(f"hf-spec: error: {e}", file=sys.stderr)
+        return 1
     app = build_app(models)
     app.launch(server_name=args.host, server_port=args.port, css=CSS, footer_links=[])
     return 0

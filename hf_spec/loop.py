@@ -111,13 +111,21 @@ def generate(
     """
     # transformers' generate puts the prompt into its streamer= and then drops it for custom_generate callables
     # (5.x): take it from generate's frame, so the tokens and end() reach it and a TextIteratorStreamer ends
-    streamer = streamer if streamer is not None else _generate_streamer()
-    if spec_streamer is not None:
-        if streamer is not None and streamer is not spec_streamer:
-            raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
-        if streamer is None and input_ids.shape[0] == 1:  # a batch gets the loop's error below
-            spec_streamer.put(input_ids.cpu())  # the prompt first, as generate does with its own streamer
-        streamer = spec_streamer
+    caller = _calling_generate()
+    if streamer is None and caller is not None:
+        streamer = caller.get("streamer")
+    with ending_streamer(streamer), ending_streamer(spec_streamer):
+        if caller is not None and caller.get("assistant_model") is not None:
+            raise ValueError(
+                "custom_generate=hf_spec.generate takes its drafter as drafter=, and transformers drops "
+                "assistant_model= before this loop sees it: pass drafter=hf_spec.DraftModelDrafter(model), or call "
+                "hf_spec.enable_drafters(model) and pass assistant_model= without custom_generate")
+        if spec_streamer is not None:
+            if streamer is not None and streamer is not spec_streamer:
+                raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
+            if streamer is None and input_ids.shape[0] == 1:  # a batch gets the loop's error below
+                spec_streamer.put(input_ids.cpu())  # the prompt first, as generate does with its own streamer
+            streamer = spec_streamer
     out = speculative_decode(
         model,
         input_ids,
@@ -134,13 +142,31 @@ def generate(
     return out if generation_config.return_dict_in_generate else out.sequences
 
 
-def _generate_streamer():
-    """The ``streamer`` local of transformers' ``generate`` when it called this loop as ``custom_generate`` (it
-    has put the prompt there already), else ``None``."""
-    frame = sys._getframe(2)  # generate -> generate(), the custom_generate callable -> here
-    if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
-        return frame.f_locals.get("streamer")
+def _calling_generate() -> dict | None:
+    """The locals of transformers' ``generate`` when it called this loop as ``custom_generate`` (directly, or
+    through a few frames of the caller's own wrapper), else ``None``. Its ``streamer`` has the prompt already;
+    its ``assistant_model`` was dropped on the way here."""
+    frame = sys._getframe(2)  # here -> generate(), the custom_generate callable -> its caller
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+            return frame.f_locals
+        frame = frame.f_back
     return None
+
+
+@contextlib.contextmanager
+def ending_streamer(streamer):
+    """Inside the block, an exception ends ``streamer`` (when given) before it propagates, so a
+    ``TextIteratorStreamer`` consumer never waits for a call that failed before its loop ran."""
+    try:
+        yield
+    except BaseException:
+        if streamer is not None:
+            with contextlib.suppress(Exception):  # the error that ended the call is the one to report
+                streamer.end()
+        raise
 
 
 def _validate(model, input_ids, drafter, generation_config, cache, logits_processor) -> None:
@@ -206,13 +232,8 @@ def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | No
     With ``generation_config.return_dict_in_generate`` and ``output_scores`` / ``output_logits``, the output
     carries one ``[B, V]`` float32 tensor per generated position (see :func:`_per_token`).
     """
-    try:
+    with ending_streamer(streamer):
         out = _speculative_decode(model, input_ids, drafter, streamer=streamer, **kwargs)
-    except BaseException:
-        if streamer is not None:
-            with contextlib.suppress(Exception):  # the error that ended the call is the one to report
-                streamer.end()
-        raise
     if streamer is not None:
         streamer.end()
     return out

@@ -167,6 +167,8 @@ def check_name(name: str) -> None:
     Raises:
         UnknownModelError: none of those, with the offline names.
     """
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+        raise UnknownModelError(f"no such folder: {name} (a local model is a folder with config.json and weights)")
     if resolve_name(name) is None and not Path(name).expanduser().exists() and "/" not in name:
         raise UnknownModelError(
             f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "

@@ -45,7 +45,11 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            obj = json.loads(line)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg}); a .jsonl file has one object "
+                                 "per line, e.g. {\"prompt\": \"...\"}") from None
             if "turns" in obj:
                 text = obj["turns"][0] if obj["turns"] else ""
             elif "prompt" in obj:

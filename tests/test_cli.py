@@ -71,6 +71,7 @@ def test_generate_batches_compare_json(tmp_path):
     (["--prompt", "  "], "empty prompt"),
     (["--drafter", "medusa-ish"], "unknown drafter"),
     (["--target", "no-such-model"], "unknown model"),
+    (["--target", "/no/such/folder"], "no such folder: /no/such/folder"),
 ])
 def test_bad_input_gives_clear_errors(args, msg):
     base = {"--target": "smollm2-135m", "--prompt": "hi", "--drafter": "ngram"}

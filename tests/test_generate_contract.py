@@ -211,8 +211,17 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     out = model.generate(PROMPT, assistant_model=draft, num_assistant_tokens_schedule="heuristic", **kw)
     assert out.stats.policy_events  # hf-spec's adaptive k ran
     check(out, hf_spec.DraftModelDrafter, max(out.stats.k_per_step))
-    with pytest.raises(ValueError, match="not both"):
-        model.generate(PROMPT, assistant_model=draft, prompt_lookup_num_tokens=3, max_new_tokens=4)
+    # both: prompt lookup, as transformers' generate does (it never uses the assistant then)
+    check(model.generate(PROMPT, assistant_model=draft, prompt_lookup_num_tokens=3, **kw), hf_spec.NgramDrafter, 3)
+    # a generation config passed positionally is read too; an hf-spec drafter takes num_assistant_tokens as k
+    check(model.generate(PROMPT, config, **kw), hf_spec.NgramDrafter, 2)
+    check(model.generate(PROMPT, assistant_model=hf_spec.DraftModelDrafter(draft), num_assistant_tokens=5, **kw),
+          hf_spec.DraftModelDrafter, 5)
+
+    # set permanently on the model, as transformers reads it too
+    model.generation_config.prompt_lookup_num_tokens = 4
+    check(model.generate(PROMPT, **kw), hf_spec.NgramDrafter, 4)
+    model.generation_config.prompt_lookup_num_tokens = None
 
     hf_spec.disable_drafters(model)
     back = model.generate(PROMPT, prompt_lookup_num_tokens=5, **kw)
@@ -266,3 +275,90 @@ def test_text_generation_pipeline_runs_hf_spec_drafters(text_pair, tokenizer):
     pipe = pipeline("text-generation", model=enabled, tokenizer=tokenizer, assistant_model=draft)
     stats = hf_spec.SpecStats()
     assert pipe(text, event_listeners=[stats], **kw)[0]["generated_text"] == plain and stats.num_draft_tokens > 0
+
+
+# ---- found by trying to break it: stop strings from the config, early failures, mixed entry points ----------
+
+def test_stop_strings_from_the_generation_config_work_on_every_entry_point(text_pair, tokenizer):
+    """transformers drops tokenizer= before a custom loop's stop strings are built; stop strings set in the
+    generation config (a model's shipped config, or generation_config=) crashed the second entry point and the Hub
+    folder. All forms must stop where plain generate stops."""
+    target, draft = text_pair
+    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    new = target.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
+    stop = tokenizer.decode(new[5:7])  # text the greedy continuation reaches after a few tokens
+    plain = target.generate(ids, max_new_tokens=24, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    assert plain.shape[1] < ids.shape[1] + 24  # the stop string ended it early
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    config = GenerationConfig.from_dict({**target.generation_config.to_dict(), "stop_strings": [stop]})
+    runs = {
+        "call": lambda: model.generate(ids, assistant_model=draft, max_new_tokens=24, do_sample=False,
+                                       stop_strings=[stop], tokenizer=tokenizer),
+        "generation_config=": lambda: model.generate(ids, generation_config=config, assistant_model=draft,
+                                                     max_new_tokens=24, do_sample=False, tokenizer=tokenizer),
+        "hub": lambda: target.generate(ids, custom_generate=str(HUB), trust_remote_code=True, drafter="ngram",
+                                       generation_config=config, max_new_tokens=24, do_sample=False,
+                                       tokenizer=tokenizer),
+    }
+    for name, run in runs.items():
+        assert torch.equal(run(), plain), name
+    # set on the model itself (as a shipped generation_config.json would), generate merges them into every call's
+    # config and transformers refuses them for any custom loop: a clear error that says how to move them
+    model.generation_config.stop_strings = [stop]
+    with pytest.raises(ValueError, match="move them to the call"):
+        model.generate(ids, prompt_lookup_num_tokens=3, max_new_tokens=24, do_sample=False, tokenizer=tokenizer)
+
+
+def test_a_streamer_ends_whenever_the_call_fails_before_its_loop(text_pair, tokenizer):
+    target, draft = text_pair
+    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    failing = [
+        (ValueError, lambda s: model.generate(ids, assistant_model=draft, num_assistant_tokens=0, streamer=s)),
+        (ValueError, lambda s: model.generate(ids, prompt_lookup_num_tokens=3, stop_strings=["x"], streamer=s)),
+        (ValueError, lambda s: target.generate(ids, custom_generate=str(HUB), trust_remote_code=True,
+                                               drafter="bogus", streamer=s)),
+        (ValueError, lambda s: target.generate(ids, custom_generate=str(HUB), trust_remote_code=True, drafter="ngram",
+                                               assistant_model=draft, streamer=s)),
+        (TypeError, lambda s: target.generate(ids, custom_generate=str(HUB), trust_remote_code=True, drafter=42,
+                                              streamer=s)),
+        (ValueError, lambda s: target.generate(ids, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(),
+                                               num_speculative_tokens=0, streamer=s)),
+    ]
+    for error, call in failing:
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+        chunks: list = []
+        consumer = threading.Thread(target=_consume, args=(streamer, chunks))
+        consumer.start()
+        with pytest.raises(error):
+            call(streamer)
+        consumer.join(timeout=120)
+        assert not consumer.is_alive() and None not in chunks, error
+
+
+def test_a_wrapper_around_hf_spec_generate_still_streams(text_pair, tokenizer):
+    """A user's own custom_generate function that calls hf_spec.generate: the streamer transformers filled with
+    the prompt still gets the tokens and its end."""
+    target, _ = text_pair
+    ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
+
+    def my_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, **kw):
+        return hf_spec.generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                drafter=hf_spec.NgramDrafter(2), **kw)
+
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    chunks: list = []
+    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
+    consumer.start()
+    seq = target.generate(ids, custom_generate=my_generate, max_new_tokens=8, do_sample=False, streamer=streamer)
+    consumer.join(timeout=120)
+    assert not consumer.is_alive() and "".join(chunks) == tokenizer.decode(seq[0, ids.shape[1]:])
+
+
+def test_assistant_model_with_custom_generate_is_a_clear_error(tiny):
+    """transformers drops assistant_model= before a custom loop sees it: the call ran without speculation."""
+    target, draft = tiny
+    enabled = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    for model in (target, enabled):
+        with pytest.raises(ValueError, match="drafter=hf_spec.DraftModelDrafter"):
+            model.generate(PROMPT, custom_generate=hf_spec.generate, assistant_model=draft, max_new_tokens=4)

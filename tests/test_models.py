@@ -144,3 +144,12 @@ def test_the_package_ships_its_license_and_type_marker():
     # gguf only for provisioning: not a core dependency
     assert not any(d.startswith("gguf") for d in project["project"]["dependencies"])
     assert project["project"]["optional-dependencies"]["offline"] == ["gguf>=0.10"]
+
+
+def test_a_malformed_jsonl_prompt_file_names_the_file_and_line(tmp_path):
+    from hf_spec.prompts import load_questions
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"prompts\.jsonl:2: not a JSON object"):
+        load_questions(path=path)

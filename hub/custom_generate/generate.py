@@ -17,18 +17,24 @@ Returns what ``generate`` returns: the sequences, or with ``return_dict_in_gener
 
 import hf_spec
 from hf_spec.assisted import generate as _generate
+from hf_spec.drafters.registry import drafter_specs
+from hf_spec.loop import ending_streamer
 
 
 def generate(model, drafter=None, **kwargs):
-    if isinstance(drafter, str):
-        k = kwargs.get("num_speculative_tokens")
-        drafter = hf_spec.make_drafter(drafter, num_speculative_tokens=k if isinstance(k, int) else None, target=model,
-                                       tokenizer=kwargs.get("tokenizer"))
-    if drafter is not None:
-        if kwargs.get("assistant_model") is not None:
-            raise ValueError("pass either drafter= or assistant_model=, not both")
-        kwargs["assistant_model"] = drafter
-    elif kwargs.get("assistant_model") is None and kwargs.get("prompt_lookup_num_tokens") is None \
-            and getattr(kwargs.get("generation_config") or model.generation_config, "prompt_lookup_num_tokens", None) is None:
-        kwargs["assistant_model"] = hf_spec.NgramDrafter()
+    with ending_streamer(kwargs.get("streamer")):  # a consumer must not wait for a call that failed here
+        if isinstance(drafter, str):
+            k = kwargs.get("num_speculative_tokens")
+            drafter = hf_spec.make_drafter(drafter, num_speculative_tokens=k if isinstance(k, int) else None,
+                                           target=model, tokenizer=kwargs.get("tokenizer"))
+        elif drafter is not None and not isinstance(drafter, hf_spec.Drafter):
+            raise TypeError(f"drafter must be an hf-spec Drafter or a spec string ({drafter_specs()}), "
+                            f"got {type(drafter).__name__}")
+        if drafter is not None:
+            if kwargs.get("assistant_model") is not None:
+                raise ValueError("pass either drafter= or assistant_model=, not both")
+            kwargs["assistant_model"] = drafter
+        elif kwargs.get("assistant_model") is None and kwargs.get("prompt_lookup_num_tokens") is None and getattr(
+                kwargs.get("generation_config") or model.generation_config, "prompt_lookup_num_tokens", None) is None:
+            kwargs["assistant_model"] = hf_spec.NgramDrafter()
     return _generate(model, **{key: value for key, value in kwargs.items() if value is not None})
