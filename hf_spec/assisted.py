@@ -88,7 +88,8 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
     Both ``assistant_model`` and ``prompt_lookup_num_tokens``: prompt lookup, as transformers (with a warning).
 
     Raises:
-        ValueError: a k < 1.
+        ValueError: a k < 1, or stop strings in the model's own generation config (transformers merges them into
+            every call and cannot build them for a custom loop; the message says how to move them to the call).
     """
     config = kwargs.get("generation_config") or model.generation_config
 
