@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_spec.bench import KEYS, markdown_table, parse_methods, write_report
 
@@ -105,6 +106,8 @@ def test_bench_end_to_end(tmp_path):
     assert "The speedup model" in (out / "results.md").read_text()
     md = (out / "results.md").read_text()
     assert "| method | TTFT | TPOT | total | tokens/s | speedup | acceptance | mean accepted | identical |" in md
+    assert "Every greedy output is token-identical to plain decoding." in md
+    assert not any("first_difference" in r for p in res["prompts"] for r in p["runs"].values())
     for png in ("speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_k.png"):
         assert (out / png).stat().st_size > 1000
     # results.json reads back into the same report, and runs combine (a later run's prompts replace the first's)
@@ -178,3 +181,38 @@ def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch)
     assert [p["question_id"] for p in raw["prompts"]] == [q.question_id for q in questions]
     with pytest.raises(ValueError, match="other settings"):
         bench.run_bench(model, tok, methods, questions, max_new_tokens=5, progress=False, journal=journal)
+
+
+def test_bench_names_every_difference_from_plain_decoding():
+    """Each greedy output that is not plain decoding's gets its first differing token, the two tokens, the target's
+    logit gap there and a near-tie verdict, in results.json's runs and in results.md."""
+    from transformers import AutoTokenizer
+
+    import hf_spec
+    from hf_spec.bench.report import differences_table
+    from hf_spec.bench.runner import _name_differences
+
+    from .conftest import tiny_llama
+
+    target = tiny_llama(seed=3)
+    tokenizer = AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
+    prompt = torch.tensor([0, 5, 9, 5, 9, 5, 3, 7])
+    base = target.generate(prompt[None], max_new_tokens=10, do_sample=False, min_new_tokens=10)[0, 8:].tolist()
+    with torch.no_grad():
+        logits = target(torch.tensor([[*prompt.tolist(), *base[:4]]])).logits[0, -1]
+    worst = int(logits.argmin())  # far below the argmax: no rounding explains choosing it
+    kept = {"baseline": {"tokens": base}, "same": {"tokens": list(base)},
+            "wrong": {"tokens": base[:4] + [worst] + base[5:]}, "short": {"tokens": base[:6]}}
+    _name_differences(target, tokenizer, prompt, kept)
+    assert "first_difference" not in kept["same"] and "first_difference" not in kept["baseline"]
+    d = kept["wrong"]["first_difference"]
+    assert d["new_token"] == 4 and d["plain"] == tokenizer.decode([base[4]])
+    assert d["speculative"] == tokenizer.decode([worst])
+    assert d["logit_gap"] == pytest.approx(float(logits[base[4]] - logits[worst]), rel=1e-4) and d["logit_gap"] > 0
+    assert d["near_tie"] is False and d["bound"] == hf_spec.kernels.NEAR_TIE_BOUNDS["float32"]
+    assert kept["short"]["first_difference"]["new_token"] == 6 and kept["short"]["first_difference"]["near_tie"] is False
+    per_prompt = [{"question_id": 7, "category": "coding",
+                   "runs": {n: r | {"identical": r["tokens"] == base} for n, r in kept.items()}}]
+    md = "\n".join(differences_table(per_prompt))
+    assert "| wrong | 7 (coding) | 4 |" in md and "**not a near-tie**" in md and "stopped earlier" in md
+    assert "| same |" not in md

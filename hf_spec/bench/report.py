@@ -12,7 +12,7 @@ from pathlib import Path
 from ..metrics import SpecStats
 from .runner import Method, parse_methods
 
-__all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "write_report",
+__all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
            "load_results", "decode_time_per_token"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
@@ -195,6 +195,8 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
         if model_table(summary):
             md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",
                    "", model_table(summary), ""]
+        if float(config.get("temperature") or 0) == 0:
+            md += differences_table(per_prompt)
         (tmp / "results.md").write_text("\n".join(md))
         from .plots import plots
 
@@ -205,6 +207,30 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def differences_table(per_prompt: list[dict]) -> list[str]:
+    """Markdown lines naming every greedy output that is not plain decoding's: method, prompt, the first differing
+    new token, the two tokens, the target's logit gap there and whether the compute's rounding explains it."""
+    rows = []
+    for p in per_prompt:
+        for name, run in p["runs"].items():
+            d = run.get("first_difference")
+            if name == "baseline" or run.get("identical", True) or d is None:
+                continue
+            gap = "" if d.get("logit_gap") is None else f"{d['logit_gap']:.4g}"
+            verdict = {True: f"near-tie (under {d.get('bound')})", False: "**not a near-tie**",
+                       None: "no measured bound"}[d.get("near_tie")]
+            if d.get("logit_gap") is None:
+                verdict = "**one output stopped earlier**"
+            rows.append(f"| {name} | {p['question_id']} ({p['category']}) | {d['new_token']} | {d.get('plain')!r} | "
+                        f"{d.get('speculative')!r} | {gap} | {verdict} |")
+    if not rows:
+        return ["Every greedy output is token-identical to plain decoding.", ""]
+    return ["Greedy outputs that differ from plain decoding (first differing new token; gap = the target's logit of "
+            "plain's token minus speculative's, after the common prefix):", "",
+            "| method | prompt | new token | plain | speculative | logit gap | verdict |", "|---|---|---|---|---|---|---|",
+            *rows, ""]
 
 
 def load_results(path: str | Path) -> tuple[dict, dict, list[Method]]:

@@ -194,6 +194,25 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     return row
 
 
+def _name_differences(target, tokenizer, prompt, kept: dict) -> None:
+    """Add ``first_difference`` to each greedy run whose tokens are not the baseline's: the first differing new
+    token, the two tokens, the target's logits and their gap there (:func:`hf_spec.divergence.first_difference`),
+    ``near_tie`` (the gap within the compute's rounding bound; ``None`` where none was measured) and ``bound``."""
+    from ..divergence import first_difference, near_tie, tie_bound
+
+    base = kept["baseline"]["tokens"]
+    for name, run in kept.items():
+        if name == "baseline" or run["tokens"] == base:
+            continue
+        diff = first_difference(target, tokenizer, prompt, torch.tensor(base), torch.tensor(run["tokens"]))
+        if diff is None:  # one output is a prefix of the other (one stopped earlier)
+            diff = {"new_token": min(len(base), len(run["tokens"])), "plain": None, "speculative": None,
+                    "logit_gap": None}
+        diff["near_tie"] = near_tie(diff["logit_gap"], target, target.dtype) if diff["logit_gap"] is not None else False
+        diff["bound"] = tie_bound(target, target.dtype)[1]
+        run["first_difference"] = diff
+
+
 class _Journal:
     """Each finished prompt's measurements, saved atomically as the run goes, under a key of the run's
     settings: a run with the same settings resumes from it; other settings are refused."""
@@ -309,6 +328,8 @@ def run_bench(
                 runs[m.name].append(_run_once(target, m, inputs, gen_kwargs, drafters, hf_draft, seed + qi))
                 bar.update()
         kept = {name: sorted(rs, key=lambda r: r["total_s"])[len(rs) // 2] for name, rs in runs.items()}
+        if temperature == 0:  # greedy: name every output that is not plain decoding's
+            _name_differences(target, tokenizer, inputs["input_ids"][0], kept)
         prompts.append({"question_id": q.question_id, "category": q.category,
                         "prompt_tokens": int(inputs["input_ids"].shape[1]), "runs": kept})
         saved.save(prompts)

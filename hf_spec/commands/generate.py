@@ -11,6 +11,8 @@ from pathlib import Path
 
 __all__ = ["run", "first_difference", "near_tie_verdict"]
 
+from ..divergence import first_difference, near_tie_verdict  # noqa: E402  (re-exported: they lived here)
+
 
 def run(args) -> int:
     """The command body (arguments from :func:`hf_spec.cli.build_parser`).
@@ -209,50 +211,3 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
     print()
     print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
           f"device {config['device']} batch size {config['batch_size']}]")
-
-
-def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> dict | None:
-    """Where a greedy speculative output first differs from plain decoding, and the target's logits there.
-
-    Args:
-        model: the target.
-        tokenizer: its tokenizer (to show the two tokens).
-        prompt: ``LongTensor[P]``, the prompt without padding.
-        plain_new, speculative_new: ``LongTensor[N1]``, ``LongTensor[N2]``: the new tokens of each.
-
-    Returns:
-        ``None`` if one is a prefix of the other, else ``{"new_token", "plain", "speculative", "plain_logit",
-        "speculative_logit", "logit_gap"}`` from one target forward over the common prefix (the gap is
-        plain minus speculative: a near-tie when it is within the rounding of the compute dtype).
-    """
-    import torch
-
-    n = min(len(plain_new), len(speculative_new))
-    i = next((j for j in range(n) if plain_new[j] != speculative_new[j]), None)
-    if i is None:
-        return None
-    prefix = torch.cat([prompt.to(model.device), plain_new[:i].to(model.device)])[None]
-    with torch.no_grad():
-        logits = model(input_ids=prefix).logits[0, -1].float()
-    a, b = int(plain_new[i]), int(speculative_new[i])
-    return {"new_token": i, "plain": tokenizer.decode([a]), "speculative": tokenizer.decode([b]),
-            "plain_logit": float(logits[a]), "speculative_logit": float(logits[b]),
-            "logit_gap": float(logits[a] - logits[b])}
-
-
-def near_tie_verdict(gap: float, model, dtype) -> str:
-    """Whether a first difference's logit gap is within what the compute's rounding explains
-    (:data:`hf_spec.kernels.NEAR_TIE_BOUNDS`)."""
-    from ..kernels import NEAR_TIE_BOUNDS
-
-    quant = getattr(model.config, "quantization_config", None)
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    key = "awq" if getattr(method, "value", method) == "awq" else str(dtype).replace("torch.", "")
-    bound = NEAR_TIE_BOUNDS.get(key)
-    if bound is None:
-        return f"no measured rounding bound for {key}; compare with --dtype float32"
-    if gap <= bound:
-        hint = "" if key == "float32" else "; --dtype float32 makes such ties rare"
-        return f"a near-tie (under {bound:g}, what {key} verify rounding explains) settled the other way{hint}"
-    return (f"larger than {key} verify rounding explains ({bound:g}): not a near-tie; please report it with the "
-            "prompt and the command")
