@@ -37,7 +37,8 @@ def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> di
         model: the target.
         tokenizer: its tokenizer (to show the two tokens).
         prompt: ``LongTensor[P]``, the prompt without padding.
-        plain_new, speculative_new: ``LongTensor[N1]``, ``LongTensor[N2]``: the new tokens of each.
+        plain_new: ``LongTensor[N1]``, the new tokens of plain decoding.
+        speculative_new: ``LongTensor[N2]``, the new tokens of speculative decoding.
 
     Returns:
         ``None`` if one is a prefix of the other, else ``{"new_token", "plain", "speculative", "plain_logit",
