@@ -307,7 +307,7 @@ def _speculative_decode(
         """Keep ``values [n_rows, width, V]``: for each active row, one entry per token it emitted this step."""
         if per_row is not None:
             for i, b in enumerate(active):
-                per_row[b].extend(values[i, : len(emitted[i])].float().clone().unbind(0))
+                per_row[b].extend(values[i, : len(emitted[i])].to(torch.float32, copy=True).unbind(0))
 
     def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
         if session is not None:

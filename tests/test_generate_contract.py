@@ -147,11 +147,30 @@ def test_attentions_and_hidden_states_are_refused_clearly(tiny):
 
 # ---- streamers ---------------------------------------------------------------------------------------
 
-def _consume(streamer: TextIteratorStreamer, sink: list) -> None:
-    try:
-        sink.extend(streamer)
-    except queue.Empty:  # the streamer's timeout: generation never ended it
-        sink.append(None)
+def _streamed(tokenizer, call, error=None):
+    """Run ``call(streamer)`` while another thread reads a ``TextIteratorStreamer`` as a consumer would; with
+    ``error``, the call must raise it. Asserts the consumer finished (the streamer was ended, never a timeout).
+    Returns ``(what call returned, the text the consumer got)``."""
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    chunks: list = []
+
+    def consume():
+        try:
+            chunks.extend(streamer)
+        except queue.Empty:  # the streamer's timeout: generation never ended it
+            chunks.append(None)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    if error is None:
+        result = call(streamer)
+    else:
+        with pytest.raises(error):
+            call(streamer)
+        result = None
+    consumer.join(timeout=120)
+    assert not consumer.is_alive() and None not in chunks, "the streamer was never ended"
+    return result, "".join(chunks)
 
 
 @pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
@@ -161,28 +180,8 @@ def test_text_iterator_streamer_consumer_finishes(text_pair, tokenizer, entry):
     target, draft = text_pair
     run = _entry_points(target, hf_spec.DraftModelDrafter(draft, 3))[entry]
     ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
-    chunks: list = []
-    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
-    consumer.start()
-    out = run(ids, max_new_tokens=12, do_sample=False, streamer=streamer)
-    consumer.join(timeout=120)
-    assert not consumer.is_alive() and None not in chunks
-    assert "".join(chunks) == tokenizer.decode(out[0, ids.shape[1]:])
-
-
-def test_streamer_is_ended_when_the_call_fails(text_pair, tokenizer):
-    target, _ = text_pair
-    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
-    chunks: list = []
-    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
-    consumer.start()
-    with pytest.raises(ValueError, match="num_speculative_tokens must be"):
-        target.generate(ids, max_new_tokens=4, custom_generate=hf_spec.generate, streamer=streamer,
-                        drafter=hf_spec.NgramDrafter(2), num_speculative_tokens="three")
-    consumer.join(timeout=120)
-    assert not consumer.is_alive() and None not in chunks
+    out, text = _streamed(tokenizer, lambda s: run(ids, max_new_tokens=12, do_sample=False, streamer=s))
+    assert text == tokenizer.decode(out[0, ids.shape[1]:])
 
 
 # ---- transformers' own assisted-generation calls, after enable_drafters ---------------------------------
@@ -245,14 +244,10 @@ def test_hub_custom_generate_folder_loads_from_a_path(tiny, text_pair, tokenizer
     # streamer= reaches the loop through this path too (transformers passes every argument on)
     target, draft = text_pair
     ids = tokenizer("Once upon a time", return_tensors="pt").input_ids
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
-    chunks: list = []
-    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
-    consumer.start()
-    seq = target.generate(ids, custom_generate=str(HUB), trust_remote_code=True, drafter="ngram", max_new_tokens=8,
-                          do_sample=False, streamer=streamer)
-    consumer.join(timeout=120)
-    assert "".join(chunks) == tokenizer.decode(seq[0, ids.shape[1]:])
+    seq, text = _streamed(tokenizer, lambda s: target.generate(
+        ids, custom_generate=str(HUB), trust_remote_code=True, drafter="ngram", max_new_tokens=8, do_sample=False,
+        streamer=s))
+    assert text == tokenizer.decode(seq[0, ids.shape[1]:])
     with pytest.raises(ValueError, match="trust_remote_code"):
         target.generate(ids, custom_generate=str(HUB), max_new_tokens=2)
 
@@ -326,14 +321,7 @@ def test_a_streamer_ends_whenever_the_call_fails_before_its_loop(text_pair, toke
                                                num_speculative_tokens=0, streamer=s)),
     ]
     for error, call in failing:
-        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
-        chunks: list = []
-        consumer = threading.Thread(target=_consume, args=(streamer, chunks))
-        consumer.start()
-        with pytest.raises(error):
-            call(streamer)
-        consumer.join(timeout=120)
-        assert not consumer.is_alive() and None not in chunks, error
+        _streamed(tokenizer, call, error)
 
 
 def test_a_wrapper_around_hf_spec_generate_still_streams(text_pair, tokenizer):
@@ -346,13 +334,9 @@ def test_a_wrapper_around_hf_spec_generate_still_streams(text_pair, tokenizer):
         return hf_spec.generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                 drafter=hf_spec.NgramDrafter(2), **kw)
 
-    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
-    chunks: list = []
-    consumer = threading.Thread(target=_consume, args=(streamer, chunks))
-    consumer.start()
-    seq = target.generate(ids, custom_generate=my_generate, max_new_tokens=8, do_sample=False, streamer=streamer)
-    consumer.join(timeout=120)
-    assert not consumer.is_alive() and "".join(chunks) == tokenizer.decode(seq[0, ids.shape[1]:])
+    seq, text = _streamed(tokenizer, lambda s: target.generate(ids, custom_generate=my_generate, max_new_tokens=8,
+                                                               do_sample=False, streamer=s))
+    assert text == tokenizer.decode(seq[0, ids.shape[1]:])
 
 
 def test_assistant_model_with_custom_generate_is_a_clear_error(tiny):
