@@ -10,7 +10,7 @@ _quiet_known_import_noise()  # before anything imports transformers' quantizers 
 from .acceptance import greedy_accept, speculative_sample
 from .adaptive import AdaptiveK
 from .assisted import disable_drafters, enable_drafters
-from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, VerifyOutput, VocabularyMismatchError,
+from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter, HybridDrafter, VerifyOutput, VocabularyMismatchError,
                        make_drafter, register_drafter)
 from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
 from .events import StepEvent
@@ -22,7 +22,7 @@ from . import prompts
 from .models import ModelChecksumError, ProvisioningError, UnknownModelError, load, provision
 
 __all__ = [
-    "Drafter", "DraftModelDrafter", "NgramDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig", "VerifyOutput",
+    "Drafter", "DraftModelDrafter", "NgramDrafter", "SuffixDrafter", "HybridDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig", "VerifyOutput",
     "make_drafter", "register_drafter", "prompts",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",

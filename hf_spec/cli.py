@@ -69,6 +69,8 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+CORPUS_HELP = ("text files the suffix drafter also drafts from (documents, code, earlier answers), for --drafter "
+               "suffix or hybrid:draft:MODEL; tokenized with the target's tokenizer")
 K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; a Medusa checkpoint's head "
           "count), or auto: chosen before each step from running measurements, speculation switched off where it "
           "does not pay")
@@ -87,6 +89,7 @@ def _add_generate(sub) -> None:
                    help="target model: an offline short name (smollm2-135m, qwen2.5-coder-1.5b, ...), a folder, or a "
                         "hub name (org/name, loaded from the hub)")
     p.add_argument("--drafter", default="ngram", help=f"{_specs()} (default: ngram)")
+    p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k", help=K_HELP)
     p.add_argument("--prometheus-port", type=int, default=None,
                    help="serve Prometheus metrics (vLLM v1's names: vllm:spec_decode_*, TTFT and inter-token latency "
@@ -171,6 +174,7 @@ def _add_bench(sub) -> None:
     ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
+    p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")
     p.add_argument("--categories", default=None, help="comma-separated (default: all in the file)")
     p.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")

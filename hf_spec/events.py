@@ -34,6 +34,8 @@ class StepEvent:
         policy: optional decision record (from the adaptive policy), e.g. ``{"k": 3, "reason": "..."}``.
         rows: the original batch index of each listed row (finished rows leave the batch, so after the
             first one ends the lists are shorter than the batch); ``None`` means ``0..len-1``.
+        sources: per row, which source drafted it, for drafters with several (the hybrid drafter:
+            ``"suffix"``, ``"draft"``, ``"medusa"``); ``None`` otherwise.
     """
 
     step: int
@@ -47,6 +49,7 @@ class StepEvent:
     finished: list[bool]
     policy: dict | None = field(default=None)
     rows: list[int] | None = field(default=None)
+    sources: list[str] | None = field(default=None)
 
 
 EventListener = Callable[[StepEvent], None]

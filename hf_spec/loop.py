@@ -309,10 +309,11 @@ def _speculative_decode(
             for i, b in enumerate(active):
                 per_row[b].extend(values[i, : len(emitted[i])].to(torch.float32, copy=True).unbind(0))
 
-    def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int) -> None:
+    def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int,
+                     seconds: float) -> None:
         if session is not None:
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden))
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds))
 
     t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
     # ---- prefill: the target alone chooses each row's first token --------------------------------
@@ -326,8 +327,8 @@ def _speculative_decode(
     record(scores_out, scores[:, None], emitted)
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
-    tell_drafter(0, out, none, none, 1)
     verify_time = clock(device) - t0
+    tell_drafter(0, out, none, none, 1, verify_time)
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
@@ -356,11 +357,13 @@ def _speculative_decode(
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
         budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
         k_step = int(budget.max())
+        sources = None
         if k_step > 0:
             drafts, num_drafted, draft_scores = _checked_draft(
                 session, session.draft([rows[b][pad_len[b]:] for b in active], k_step), n_rows, k_step, vocab_size,
                 do_sample, device)
             num_drafted = torch.minimum(num_drafted, budget)
+            sources = session.last_sources
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
         k = drafts.shape[1]
@@ -393,8 +396,8 @@ def _speculative_decode(
         record(logits_out, logits, emitted)
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         ragged.truncate(before + 1 + num_accepted)
-        tell_drafter(step, out, num_drafted, num_accepted, k + 1)
         now = clock(device)
+        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
         ndr = num_drafted.tolist()
@@ -403,9 +406,11 @@ def _speculative_decode(
                 step, k_step, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
                 [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
                 t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
-                rows=list(active),
+                rows=list(active), sources=sources,
             )
         )
+    if session is not None:
+        session.finish([row[input_ids.shape[1]:] for row in rows])
     logger.info("hf_spec: %s", stats.summary())
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats,
                              scores=_per_token(scores_out, generation_config),

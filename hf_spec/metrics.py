@@ -81,6 +81,9 @@ class SpecStats:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     policy_events: list[dict] = field(default_factory=list)
+    #: for drafters with several sources (the hybrid drafter): per source name, ``{"drafts", "draft_tokens",
+    #: "accepted_tokens"}`` (row-steps it drafted, tokens it drafted, of them accepted)
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     #: with a batch (B > 1): the statistics of each row, by its index in the batch (``time`` fields: until
     #: that row finished)
     per_row: dict[int, "SpecStats"] = field(default_factory=dict)
@@ -91,7 +94,8 @@ class SpecStats:
                 self.per_row.setdefault(row, SpecStats())(
                     StepEvent(event.step, event.num_speculative_tokens, [event.drafted[i]], [event.num_accepted[i]],
                               [event.emitted[i]], event.draft_time_s, event.verify_time_s, event.time_s,
-                              [event.finished[i]], event.policy))
+                              [event.finished[i]], event.policy,
+                              sources=[event.sources[i]] if event.sources is not None else None))
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -103,9 +107,15 @@ class SpecStats:
             self.k_per_step.append(event.num_speculative_tokens)
         if event.policy:
             self.policy_events.append(dict(event.policy, step=event.step))
-        for drafted, emitted, accepted in zip(event.drafted, event.emitted, event.num_accepted):
+        for i, (drafted, emitted, accepted) in enumerate(zip(event.drafted, event.emitted, event.num_accepted)):
             if not emitted:
                 continue
+            if event.sources is not None and drafted:
+                counts = self.per_source.setdefault(event.sources[i], dict(drafts=0, draft_tokens=0,
+                                                                           accepted_tokens=0))
+                counts["drafts"] += 1
+                counts["draft_tokens"] += len(drafted)
+                counts["accepted_tokens"] += accepted
             self.num_row_steps += 1
             self.num_emitted_tokens += len(emitted)
             k = event.num_speculative_tokens if event.step > 0 else 0
@@ -173,6 +183,10 @@ class SpecStats:
             self.reached_per_position[i] += r
         self.k_per_step += other.k_per_step
         self.policy_events += other.policy_events
+        for source, counts in other.per_source.items():
+            mine = self.per_source.setdefault(source, dict.fromkeys(counts, 0))
+            for key, value in counts.items():
+                mine[key] += value
         return self
 
     def to_dict(self) -> dict:

@@ -236,6 +236,7 @@ class Recording(hf_spec.NgramDrafter):
     needs_hidden_states = True
 
     def prepare(self, target, input_ids):
+        super().prepare(target, input_ids)
         self.told = []
 
     def update(self, verified):

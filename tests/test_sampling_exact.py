@@ -123,3 +123,53 @@ def test_draft_and_target_disagree(pair):
         p = procs(PROMPT, target(input_ids=PROMPT).logits[:, -1]).softmax(-1)
         q = procs(PROMPT, draft(input_ids=PROMPT).logits[:, -1]).softmax(-1)
     assert 0.5 * (p - q).abs().sum() > 0.3
+
+
+def corpus_drafters(target, draft, procs):
+    """A suffix drafter whose corpus continues the prompt with the target's likelier 3-token continuations (its
+    drafts are sometimes accepted, sometimes not), alone and as the hybrid drafter's suffix source."""
+    exact = exact_distribution(target, procs)
+    likely = sorted(exact, key=exact.get, reverse=True)[:4]
+    corpus = [PROMPT[0].tolist() + list(c) for c in likely]
+    suffix = hf_spec.SuffixDrafter(2, corpus=corpus, min_token_prob=0.0)
+    return {"suffix": suffix, "hybrid": hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 2), suffix)}
+
+
+@pytest.mark.parametrize("kind", ["suffix", "hybrid"])
+def test_suffix_and_hybrid_sampling_is_distribution_exact(pair, kind):
+    """Suffix drafts are deterministic (one-hot q); the hybrid drafter mixes them with the draft model's sampled
+    drafts, step by step: both keep the target's distribution, and the hybrid's runs used both sources."""
+    target, draft = pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    drafter = corpus_drafters(target, draft, procs)[kind]
+    sources = {}
+
+    def listen(event):
+        for s in event.sources or []:
+            sources[s] = sources.get(s, 0) + 1
+
+    torch.manual_seed(5)
+    cfg = GenerationConfig(do_sample=True, max_length=PROMPT.shape[1] + NEW + 1)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+    counts, accepted = {}, 0
+    for _ in range(N_RUNS):
+        out = hf_spec.speculative_decode(target, PROMPT, drafter, logits_processor=procs, stopping_criteria=stop,
+                                         generation_config=cfg, event_listeners=[listen])
+        key = tuple(out.sequences[0, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted += out.stats.num_accepted_tokens
+    assert pvalue(counts, exact) > ALPHA
+    assert accepted > N_RUNS // 4  # the drafts were verified and often kept: the test exercised acceptance
+    if kind == "hybrid":
+        assert sources.get("suffix", 0) > 0 and sources.get("draft", 0) > 0, sources
+
+
+def test_the_hybrid_test_fails_for_a_wrong_rule(pair, monkeypatch):
+    target, draft = pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    drafter = corpus_drafters(target, draft, procs)["hybrid"]
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    counts = sample_counts(target, draft, procs, seed=3, drafter=drafter)
+    assert pvalue(counts, exact) < ALPHA

@@ -24,7 +24,9 @@ from transformers.generation.streamers import BaseStreamer
 from ..device import clock
 from ..device import draft_dtype as _draft_dtype
 from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
+from ..drafters.hybrid import HybridDrafter
 from ..drafters.registry import DRAFTERS, drafter_specs, make_drafter, parse_drafter
+from ..drafters.suffix import SuffixDrafter
 from ..events import StepEvent
 from ..loop import generate as spec_generate
 from ..metrics import SpecStats
@@ -254,6 +256,7 @@ def run_bench(
     progress: bool = True,
     journal: str | Path | None = None,
     drafters: dict | None = None,
+    corpus: list[str] | None = None,
 ) -> dict:
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
@@ -271,7 +274,8 @@ def run_bench(
             interruption). Machine drift between the sessions hits every method alike, since methods are
             interleaved within each prompt.
         drafters: drafters already built, by spec (the others are built with
-            :func:`~hf_spec.drafters.registry.make_drafter`).
+            :func:`~hf_spec.drafters.registry.make_drafter`; ``hybrid:SPEC`` reuses SPEC's drafter when it runs too).
+        corpus: texts for the drafters that draft from a corpus (``suffix``, ``hybrid:...``).
 
     Returns:
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
@@ -298,9 +302,17 @@ def run_bench(
     # one drafter per spec, shared by every k of a sweep: the loop passes each run's k
     given = drafters or {}
     drafters = {m.spec: given.get(m.spec) for m in methods if m.kind == "hf-spec"}
-    for spec, drafter in drafters.items():
-        if drafter is None:
-            drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype)
+    for spec in sorted(drafters, key=lambda s: s.startswith("hybrid:")):  # a hybrid's model drafter first
+        if drafters[spec] is not None:
+            continue
+        name, _, inner = spec.partition(":")
+        takes = DRAFTERS[name].takes_corpus and corpus is not None
+        if name == "hybrid" and drafters.get(inner) is not None:  # one draft model in memory for both methods
+            drafters[spec] = HybridDrafter(drafters[inner], SuffixDrafter(corpus=corpus if takes else None,
+                                                                          tokenizer=tokenizer))
+        else:
+            drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype,
+                                          **({"corpus": corpus} if takes else {}))
     hf_draft = None
     hf_names = {m.spec for m in methods if m.kind == "hf-assisted"}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)

@@ -19,10 +19,16 @@ def run_bench_command(args) -> int:
     from ..device import draft_dtype as _draft_dtype
     from ..device import machine_info, resolve_device_map, resolve_dtype
     from ..models import load
+    from ..drafters.registry import DRAFTERS
     from ..prompts import load_questions
+    from .generate import read_corpus
 
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
+    corpus = read_corpus(args.corpus)
+    if corpus is not None and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
+                                       for m in methods):
+        raise ValueError("--corpus needs a method that drafts from one: suffix or hybrid:draft:MODEL")
     try:
         import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)
     except ImportError:
@@ -42,7 +48,7 @@ def run_bench_command(args) -> int:
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
-                    journal=journal)
+                    journal=journal, corpus=corpus)
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None

@@ -28,11 +28,15 @@ def run(args) -> int:
     _check_args(args)
     device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
     spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
+    corpus = read_corpus(args.corpus)
+    if corpus is not None and (spec is None or not spec.cls.takes_corpus):
+        raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
+                         f"{args.drafter!r}")
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype, device_map)
     model, tokenizer = load(args.target, dtype=dtype, device_map=device_map, quantization=args.quantization)
     drafter = make_drafter(spec, num_speculative_tokens=None if args.k == "auto" else args.k, target=model,
-                           tokenizer=tokenizer, draft_dtype=args.draft_dtype)
+                           tokenizer=tokenizer, draft_dtype=args.draft_dtype, corpus=corpus)
     listeners = _metrics_listeners(args, drafter)
     rows, totals = _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype)
     draft_model = getattr(drafter, "draft_model", None)
@@ -68,6 +72,26 @@ def _check_args(args) -> None:
         raise ValueError("--temperature must be >= 0 (0 decodes greedily)")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError("--top-p must be in (0, 1]")
+
+
+def read_corpus(paths) -> list[str] | None:
+    """The texts of ``--corpus FILE...`` (``None`` without the option).
+
+    Raises:
+        ValueError: a file that does not exist or is a folder, or one that is not UTF-8 text.
+    """
+    if not paths:
+        return None
+    texts = []
+    for name in paths:
+        path = Path(name)
+        if not path.exists() or path.is_dir():
+            raise ValueError(f"--corpus {path}: {'a folder' if path.is_dir() else 'no such file'}; give text files")
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"--corpus {path} is not UTF-8 text") from None
+    return texts
 
 
 def _read_prompts(args) -> list[str]:
@@ -165,6 +189,8 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                 "total_s": stats.total_s,
                 "target_forwards": stats.num_target_forwards,
             }
+            if stats.per_source:  # the hybrid drafter: drafted and accepted tokens by source
+                row["per_source"] = stats.per_source
             if args.k == "auto":  # the batch shares one k per step: the decisions are the call's
                 row.update(k_per_step=out.stats.k_per_step, policy_events=out.stats.policy_events)
             if args.compare:

@@ -1,6 +1,6 @@
 """The drafter interface: propose up to k tokens per row, and hear what the target computed after every forward.
 
-The loop (:mod:`hf_spec.loop`) drives a drafter through four methods, and owns everything else (k, the
+The loop (:mod:`hf_spec.loop`) drives a drafter through five methods, and owns everything else (k, the
 budget near ``max_length``, verification, caches of the target)::
 
     session = drafter.start(target, input_ids, generation_config, logits_processor)  # a per-call copy
@@ -10,6 +10,7 @@ budget near ``max_length``, verification, caches of the target)::
         tokens, num_drafted, scores = session.draft(rows, k)   # skipped on a plain step (k = 0)
         ... one target forward over [last token, drafts] per row, the acceptance rule ...
         session.update(VerifyOutput(...))              # after every forward, plain or speculative
+    session.finish(outputs)                            # each row's generated tokens, when the call ends
 
 :meth:`Drafter.start` returns a shallow copy of the drafter bound to one call: what :meth:`Drafter.prepare`
 sets lives on the copy, so the caller's object is never changed by a call and one drafter can serve several
@@ -81,12 +82,15 @@ class VerifyOutput:
             step the block is ``[last token, drafted tokens]`` (n = k + 1), at the prefill n = 1 (the prompt's
             last position). Column ``num_accepted[b]`` is therefore the position that predicted row b's newest
             token, the one a Medusa head continues from.
+        seconds: wall time of this forward and its acceptance rule, in seconds (the device synchronised), for
+            drafters that weigh their own cost against it (the hybrid drafter).
     """
 
     step: int
     num_drafted: torch.LongTensor
     num_accepted: torch.LongTensor
     hidden_states: torch.Tensor | None = None
+    seconds: float = 0.0
 
     def last_hidden_state(self) -> torch.Tensor:
         """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column
@@ -130,6 +134,11 @@ class Drafter:
     max_num_speculative_tokens: int | None = None
     #: what follows ``name:`` in a drafter spec (e.g. ``"MODEL"`` in ``draft:MODEL``); ``None``: no argument
     spec_argument: str | None = None
+    #: True when :meth:`from_spec` takes ``corpus=`` (texts to draft from: ``--corpus FILE...``)
+    takes_corpus: bool = False
+    #: after :meth:`draft`, optionally: per row, the name of the source that drafted it (the hybrid drafter's
+    #: ``"suffix"`` or its model drafter's method); the loop copies it into ``StepEvent.sources``
+    last_sources: list[str] | None = None
 
     def __init__(self, num_speculative_tokens: int | None = None):
         cap = self.max_num_speculative_tokens
@@ -244,6 +253,12 @@ class Drafter:
     def select_rows(self, rows: torch.LongTensor) -> None:
         """Keep only these batch rows (``LongTensor[B']``, indices into the current batch): the loop dropped
         finished ones."""
+
+    def finish(self, outputs: list[torch.LongTensor]) -> None:
+        """The call ended (normally; not after an error): ``outputs`` holds each row's generated tokens
+        (``LongTensor[new_b]``, in the batch's original order, without the prompt and the padding after a
+        row's end). The default ignores it; a drafter that learns across calls (the suffix drafter's
+        ``remember_outputs``) keeps them."""
 
     # ---- helpers for subclasses -----------------------------------------------------------------
     def choose(self, sequences: list[torch.LongTensor], logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:

@@ -1,23 +1,28 @@
-"""N-gram prompt-lookup drafter: propose the tokens that followed the last occurrence of the current
-suffix in the text seen so far (prompt and generated tokens). Zero model cost, pure CPU.
+"""N-gram prompt-lookup drafter: propose the tokens that followed the most recent earlier occurrence of the
+longest matching suffix (``max_ngram`` down to ``min_ngram`` tokens) of the text seen so far (prompt and
+generated tokens). Zero model cost.
 
-After Saxena 2023, "Prompt Lookup Decoding", and transformers' ``PromptLookupCandidateGenerator``; this
-version tries suffix lengths n from ``max_ngram`` down to ``min_ngram``, prefers the most recent match,
-and drafts nothing (a plain decode step, no wasted verification) when no suffix matches.
+After Saxena 2023, "Prompt Lookup Decoding", and transformers' ``PromptLookupCandidateGenerator``: the same
+proposals, read off the suffix drafter's incremental index
+(:class:`~hf_spec.drafters.suffix_index.SuffixTrie`, one update per emitted token) instead of a rescan of the
+sequence at every step; nothing is drafted (a plain step, no wasted verification) when no suffix matches.
+:class:`~hf_spec.drafters.suffix.SuffixDrafter` (``--drafter suffix``) proposes the most frequent continuation
+instead, sized by the evidence, and also drafts from a corpus and past outputs.
 """
 
 from __future__ import annotations
 
-import torch
+import math
 
-from .base import Drafter
+from .suffix import SuffixDrafter
 
 __all__ = ["NgramDrafter"]
 
 
-class NgramDrafter(Drafter):
+class NgramDrafter(SuffixDrafter):
     """Prompt lookup: match the longest suffix (``max_ngram`` down to ``min_ngram`` tokens) earlier in the
-    sequence and propose the up to k tokens that followed it. Deterministic (one-hot q).
+    sequence and propose the up to k tokens that followed its most recent occurrence (at most 16 past the
+    match, the index's depth beyond ``max_ngram``, or k when k is larger). Deterministic (one-hot q).
 
     Args:
         num_speculative_tokens: k, the most tokens proposed per step (>= 1; default
@@ -30,32 +35,17 @@ class NgramDrafter(Drafter):
     """
 
     method = "ngram"
+    takes_corpus = False
+    most_recent = True
 
     def __init__(self, num_speculative_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1):
-        super().__init__(num_speculative_tokens)
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        super().__init__(num_speculative_tokens, max_match=max_ngram, min_match=min_ngram,
+                         max_spec_factor=math.inf, min_token_prob=0.0)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def draft(self, sequences, k):
-        found = [self._lookup(row.tolist(), k) for row in sequences]
-        device = sequences[0].device
-        num_drafted = torch.tensor([len(f) for f in found], dtype=torch.long, device=device)
-        width = int(num_drafted.max()) if found else 0
-        tokens = torch.zeros(len(found), width, dtype=torch.long, device=device)
-        for b, f in enumerate(found):
-            tokens[b, : len(f)] = torch.tensor(f, dtype=torch.long)
-        return tokens, num_drafted, None
-
-    def _lookup(self, seq: list[int], k: int) -> list[int]:
-        length = len(seq)
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            suffix = seq[length - n:]
-            # most recent earlier occurrence whose continuation is not empty
-            for start in range(length - n - 1, -1, -1):
-                if seq[start:start + n] == suffix:
-                    follow = seq[start + n:start + n + k]
-                    if follow:
-                        return follow
-        return []
+    @classmethod
+    def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None):
+        return cls(num_speculative_tokens)

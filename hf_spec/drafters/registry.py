@@ -1,4 +1,5 @@
-"""One place that turns a drafter spec (``none``, ``ngram``, ``draft:MODEL``, ``medusa:DIR``) into a drafter.
+"""One place that turns a drafter spec (``none``, ``ngram``, ``suffix``, ``draft:MODEL``, ``medusa:DIR``,
+``hybrid:draft:MODEL``) into a drafter.
 
 The command line (``generate``, ``bench``, ``tune``), the benchmark and the demo all build their drafters
 here, so a spec means the same everywhere, is checked once, before any model loads, and gets one default k
@@ -15,14 +16,18 @@ import re
 
 from .base import Drafter, check_num_speculative_tokens
 from .draft_model import DraftModelDrafter
+from .hybrid import HybridDrafter
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
+from .suffix import SuffixDrafter
 
 __all__ = ["DRAFTERS", "DrafterSpec", "parse_drafter", "make_drafter", "register_drafter", "drafter_specs"]
 
 #: spec name -> drafter class; the spec is ``name`` or ``name:ARGUMENT`` (the class's ``spec_argument``)
 DRAFTERS: dict[str, type[Drafter]] = {
     "ngram": NgramDrafter,
+    "suffix": SuffixDrafter,
+    "hybrid": HybridDrafter,
     "draft": DraftModelDrafter,
     "medusa": MedusaDrafter,
 }
@@ -76,7 +81,7 @@ def parse_drafter(spec: str, num_speculative_tokens: int | None = None) -> Draft
 
 
 def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int | None = None, target=None,
-                 tokenizer=None, draft_dtype="auto") -> Drafter | None:
+                 tokenizer=None, draft_dtype="auto", corpus=None) -> Drafter | None:
     """Build the drafter a spec names (``None`` for ``"none"``).
 
     Args:
@@ -86,9 +91,12 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
         target: the target model (a draft model is put on its device; Medusa heads are checked against it).
         tokenizer: the target's tokenizer (a draft model's must have the same vocabulary).
         draft_dtype: ``"auto"`` (bfloat16; float16 beside a float16 target) or a dtype name, for draft models.
+        corpus: texts (or token-id sequences) to draft from, for drafters that take one (``suffix``,
+            ``hybrid:...``: :attr:`~hf_spec.drafters.base.Drafter.takes_corpus`); ``None``: none.
 
     Raises:
-        ValueError: a bad spec or k (before any model loads), or a drafter that cannot serve ``target``.
+        ValueError: a bad spec or k (before any model loads), a corpus for a drafter that takes none, or a
+            drafter that cannot serve ``target``.
     """
     if isinstance(num_speculative_tokens, str) and num_speculative_tokens == "auto":
         raise ValueError('num_speculative_tokens="auto" is chosen per call: build the drafter with its own k (or '
@@ -97,9 +105,16 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
         check_num_speculative_tokens(num_speculative_tokens)
     parsed = parse_drafter(spec, num_speculative_tokens) if not isinstance(spec, DrafterSpec) and spec is not None else spec
     if parsed is None:
+        if corpus is not None:
+            raise ValueError("a corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL")
         return None
+    extra = {}
+    if corpus is not None:
+        if not parsed.cls.takes_corpus:
+            raise ValueError(f"drafter {str(parsed)!r} does not draft from a corpus; use suffix or hybrid:draft:MODEL")
+        extra["corpus"] = corpus
     return parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
-                                tokenizer=tokenizer, draft_dtype=draft_dtype)
+                                tokenizer=tokenizer, draft_dtype=draft_dtype, **extra)
 
 
 def register_drafter(name: str, cls: type[Drafter]) -> None:

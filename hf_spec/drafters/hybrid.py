@@ -1,0 +1,221 @@
+"""Hybrid drafter: per step and row, the suffix drafter's proposal or a model drafter's (a draft model, Medusa
+heads), whichever is predicted to emit more tokens per second.
+
+Each source has its niche: suffix matches draft long runs for free where the answer repeats its context
+(summaries, retrieval, code edits, extraction), a draft model drafts prose and reasoning. After SuffixDecoding's
+hybrid mode (Oliaro et al. 2024, arXiv:2411.04975, section 4.3: speculate with the suffix tree when its match
+score is high enough, else with the model), the choice here is made by the cost model of adaptive k
+(:mod:`hf_spec.adaptive`, after Leviathan et al. 2023): per row, the expected tokens of a step,
+``1 + sum_i prod_{j <= i} a_j``, over its cost, with
+
+- the suffix proposal's acceptance a_j: the conditional acceptance measured for suffix drafts at position j
+  (decayed counts, prior 0.5), separately for short (< 4 tokens) and long matches;
+- the model's: the conditional acceptance measured for its drafts at position j, for the step's k;
+- costs in seconds: the target's forward (the median of the last forwards it reported, plain and verify alike)
+  for both, plus the model's drafting time (the median of its last drafts) for the model. The suffix
+  drafter's own lookup is microseconds and left out.
+
+With no suffix match the model drafts; when every row takes its suffix proposal the model does not run (a
+draft model catches up on the tokens it missed at its next draft). Each step's choice per row is in
+:attr:`~hf_spec.drafters.base.Drafter.last_sources` (the loop copies it into ``StepEvent.sources``, and
+:class:`~hf_spec.metrics.SpecStats` counts drafted and accepted tokens by source).
+
+Exact like every drafter: suffix rows are deterministic (one-hot q), model rows keep the distributions they
+were sampled from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .base import Drafter, VerifyOutput, logit_rows
+from .suffix import SuffixDrafter
+
+__all__ = ["HybridDrafter"]
+
+#: a suffix match this long or longer is judged by the acceptance of long matches
+LONG_MATCH = 4
+
+
+class _Acceptance:
+    """Decayed per-position counts of one kind of draft: ``estimate(j)`` is the conditional acceptance at
+    position j (each position's counts plus one pseudo-observation at the estimate before, 0.5 for the first)."""
+
+    def __init__(self, decay: float):
+        self.decay, self.reached, self.accepted = decay, [], []
+
+    def add(self, num_drafted: int, num_accepted: int) -> None:
+        n = min(num_accepted + 1, num_drafted)
+        self.reached[:] = [r * self.decay for r in self.reached]
+        self.accepted[:] = [a * self.decay for a in self.accepted]
+        while len(self.reached) < num_drafted:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(n):
+            self.reached[i] += 1
+        for i in range(min(num_accepted, num_drafted)):
+            self.accepted[i] += 1
+
+    def expected_tokens(self, length: int) -> float:
+        """``1 + sum_{i < length} prod_{j <= i} a_j``: tokens a step emits with a draft of ``length``."""
+        total, cum, prior = 1.0, 1.0, 0.5
+        for i in range(length):
+            if i < len(self.reached):
+                prior = (self.accepted[i] + prior) / (self.reached[i] + 1.0)
+            cum *= prior
+            total += cum
+        return total
+
+
+class HybridDrafter(Drafter):
+    """The suffix drafter and a model drafter, chosen per step and row by predicted tokens per second.
+
+    Args:
+        model_drafter: the model-based source (:class:`~hf_spec.drafters.draft_model.DraftModelDrafter`,
+            :class:`~hf_spec.drafters.medusa.MedusaDrafter`, or any drafter); its k is this drafter's default k.
+        suffix: the model-free source (default: ``SuffixDrafter()``; give one with a ``corpus`` or
+            ``remember_outputs``).
+        num_speculative_tokens: k (default: the model drafter's).
+        decay: per-step weight kept by past acceptance counts and the window of times (0 < decay < 1).
+
+    Raises:
+        ValueError: a bad k or decay; TypeError: a source that is not a Drafter.
+    """
+
+    method = "hybrid"
+    spec_argument = "draft:MODEL"
+    takes_corpus = True
+
+    def __init__(self, model_drafter: Drafter, suffix: SuffixDrafter | None = None,
+                 num_speculative_tokens: int | None = None, decay: float = 0.9):
+        if not isinstance(model_drafter, Drafter) or isinstance(model_drafter, (SuffixDrafter, HybridDrafter)):
+            raise TypeError(f"model_drafter must be a model-based Drafter (draft model, Medusa), got "
+                            f"{type(model_drafter).__name__}")
+        suffix = SuffixDrafter() if suffix is None else suffix
+        if not isinstance(suffix, SuffixDrafter):
+            raise TypeError(f"suffix must be a SuffixDrafter, got {type(suffix).__name__}")
+        if not 0 < decay < 1:
+            raise ValueError(f"need 0 < decay < 1, got {decay!r}")
+        self.model_drafter, self.suffix, self.decay = model_drafter, suffix, decay
+        super().__init__(num_speculative_tokens if num_speculative_tokens is not None
+                         else model_drafter.num_speculative_tokens)
+        self.returns_scores = model_drafter.returns_scores
+        self.needs_hidden_states = model_drafter.needs_hidden_states
+
+    @property
+    def max_num_speculative_tokens(self):  # the model drafter's bound (a Medusa checkpoint's heads)
+        return self.model_drafter.max_num_speculative_tokens
+
+    # ---- the registry ---------------------------------------------------------------------------
+    @classmethod
+    def _inner(cls, argument):
+        from .registry import parse_drafter
+
+        inner = parse_drafter(argument or "")
+        if inner is None or inner.cls in (SuffixDrafter, HybridDrafter) or issubclass(inner.cls, SuffixDrafter):
+            raise ValueError(f"hybrid:SPEC takes a model drafter, draft:MODEL or medusa:DIR, not {argument!r}")
+        return inner
+
+    @classmethod
+    def check_spec(cls, argument, num_speculative_tokens=None) -> None:
+        """``hybrid:draft:MODEL`` or ``hybrid:medusa:DIR``: the inner spec is checked as its own."""
+        super().check_spec(argument, num_speculative_tokens)
+        inner = cls._inner(argument)
+        inner.cls.check_spec(inner.argument, num_speculative_tokens)
+
+    @classmethod
+    def spec_num_speculative_tokens(cls, argument) -> int:
+        inner = cls._inner(argument)
+        return inner.cls.spec_num_speculative_tokens(inner.argument)
+
+    @classmethod
+    def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None,
+                  corpus=None):
+        """Build the inner model drafter from its spec, and a :class:`SuffixDrafter` with ``corpus``."""
+        from .registry import make_drafter
+
+        model = make_drafter(str(cls._inner(argument)), num_speculative_tokens=num_speculative_tokens, target=target,
+                             tokenizer=tokenizer, draft_dtype=draft_dtype or "auto")
+        return cls(model, SuffixDrafter(corpus=corpus, tokenizer=tokenizer), num_speculative_tokens)
+
+    # ---- one call -------------------------------------------------------------------------------
+    def prepare(self, target, input_ids) -> None:
+        self._model = self.model_drafter.start(target, input_ids, self.generation_config, self.logits_processor)
+        self._suffix = self.suffix.start(target, input_ids, self.generation_config, self.logits_processor)
+        self._vocab = logit_rows(target)
+        self._suffix_acceptance = {False: _Acceptance(self.decay), True: _Acceptance(self.decay)}
+        self._model_acceptance = _Acceptance(self.decay)
+        self._forward_s: list[float] = []
+        self._model_s: list[float] = []
+        self._chosen: list[tuple[str, bool]] | None = None  # per row of the last draft: (source, long match)
+        self.last_sources = None
+
+    def select_rows(self, rows) -> None:
+        self._model.keep_rows(rows)
+        self._suffix.keep_rows(rows)
+        if self._chosen is not None:
+            self._chosen = [self._chosen[int(r)] for r in rows]
+
+    def update(self, verified: VerifyOutput) -> None:
+        self._model.update(verified)
+        if verified.seconds:
+            self._forward_s = (self._forward_s + [verified.seconds])[-9:]
+        if self._chosen is not None and verified.step > 0:
+            for (source, long), d, a in zip(self._chosen, verified.num_drafted.tolist(),
+                                            verified.num_accepted.tolist()):
+                if d:
+                    (self._suffix_acceptance[long] if source == "suffix" else self._model_acceptance).add(d, a)
+        self._chosen = None
+
+    def finish(self, outputs) -> None:
+        self._suffix.finish(outputs)
+        self._model.finish(outputs)
+
+    def choose_source(self, proposal_length: int, long_match: bool, k: int) -> str:
+        """``"suffix"`` or ``"model"`` for a row whose suffix proposal has ``proposal_length`` tokens: the higher
+        predicted tokens per second (see the module docstring)."""
+        if not proposal_length:
+            return "model"
+        forward = statistics.median(self._forward_s) if self._forward_s else 1.0
+        model = statistics.median(self._model_s) if self._model_s else 0.0
+        suffix_rate = self._suffix_acceptance[long_match].expected_tokens(proposal_length) / forward
+        model_rate = self._model_acceptance.expected_tokens(k) / (forward + model)
+        return "suffix" if suffix_rate >= model_rate else "model"
+
+    def draft(self, sequences, k):
+        self._suffix.index(sequences)
+        proposals = [self._suffix.propose(b, seq, k) for b, seq in enumerate(sequences)]
+        sources = [self.choose_source(len(p.tokens), p.match_length >= LONG_MATCH, k) for p in proposals]
+        n = len(sequences)
+        model_tokens = model_scores = None
+        if "model" in sources:
+            t0 = time.perf_counter()
+            model_tokens, model_num, model_scores = self._model.draft(sequences, k)
+            self._model_s = (self._model_s + [time.perf_counter() - t0])[-9:]
+        width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
+                    + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
+        tokens = torch.zeros(n, width, dtype=torch.long)
+        num = torch.zeros(n, dtype=torch.long)
+        scores = None
+        if self.returns_scores and self.generation_config.do_sample:  # model rows keep their q, suffix rows one-hot
+            scores = (model_scores.new_zeros(n, width, model_scores.shape[-1]) if model_scores is not None
+                      else torch.zeros(n, width, self._vocab))
+        for b, (p, source) in enumerate(zip(proposals, sources)):
+            if source == "model":
+                m = int(model_num[b])
+                tokens[b, :m] = model_tokens[b, :m].cpu()
+                num[b] = m
+                if scores is not None:
+                    scores[b, :m] = model_scores[b, :m]
+            else:
+                tokens[b, :len(p.tokens)] = torch.tensor(p.tokens, dtype=torch.long)
+                num[b] = len(p.tokens)
+                if scores is not None:
+                    scores[b, :len(p.tokens)] = float("-inf")
+                    scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
+        self._chosen = [(s, p.match_length >= LONG_MATCH) for p, s in zip(proposals, sources)]
+        self.last_sources = ["suffix" if s == "suffix" else self.model_drafter.method for s in sources]
+        return tokens, num, scores

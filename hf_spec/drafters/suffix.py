@@ -1,0 +1,201 @@
+"""Suffix drafter: propose the continuation that most often followed the longest match of the text's end, in
+the prompt and output so far, in a corpus the user supplies, and in this drafter's own past outputs.
+
+After SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: A Model-Free Approach to Speeding Up Large Language
+Model Inference", arXiv:2411.04975): model-free, so a draft costs microseconds; the indexes are updated per
+emitted token (:class:`~hf_spec.drafters.suffix_index.SuffixTrie`) or built once
+(:class:`~hf_spec.drafters.suffix_index.SuffixArray`); the draft length follows the evidence: at most
+``max_spec_factor`` x the match length, and only while the continuation's empirical probability (the product
+of ``count(pattern + t) / count(pattern)`` along it) stays at or above ``min_token_prob``. Where several
+sources match, the proposal with the most expected accepted tokens (the sum of those cumulative
+probabilities) wins; a tie goes to the longer match, then to the current text.
+
+Deterministic: the loop verifies its tokens with one-hot q, so greedy output stays the target's and sampled
+output keeps the target's distribution whatever is proposed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+import torch
+
+from .base import Drafter, logit_rows
+from .suffix_index import Proposal, SuffixArray, SuffixTrie
+
+__all__ = ["SuffixDrafter"]
+
+
+class _Memory:
+    """Past outputs of one drafter (shared by its calls and threads), oldest evicted first beyond
+    ``max_tokens``; the suffix array over them is rebuilt when outputs arrive (``O(N log N)``, N <= max_tokens)
+    and swapped in whole, so readers never see a half-built index."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.documents: deque[list[int]] = deque()
+        self.num_tokens = 0
+        self.index: SuffixArray | None = None
+        self._lock = threading.Lock()
+
+    def add(self, outputs: list[list[int]]) -> None:
+        with self._lock:
+            for doc in outputs:
+                doc = doc[-self.max_tokens:]
+                if doc:
+                    self.documents.append(doc)
+                    self.num_tokens += len(doc)
+            while self.num_tokens > self.max_tokens:
+                self.num_tokens -= len(self.documents.popleft())
+            self.index = SuffixArray(self.documents) if self.documents else None
+
+
+class SuffixDrafter(Drafter):
+    """Model-free drafting from suffix matches (SuffixDecoding), over the current text, a corpus and past outputs.
+
+    Args:
+        num_speculative_tokens: k, the most tokens proposed per step (>= 1; default
+            :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`). The drafter often proposes fewer: see
+            ``max_spec_factor`` and ``min_token_prob``; none at all (a plain step) when nothing matches.
+        corpus: texts (``str``, tokenized with ``tokenizer``, no special tokens) or token-id sequences to draft
+            from besides the current text: documents, code files, earlier answers. Indexed once here, shared by
+            every call.
+        tokenizer: the target's tokenizer; needed when ``corpus`` holds texts.
+        remember_outputs: keep up to this many tokens of this drafter's own generated outputs (across calls,
+            oldest dropped first) and draft from them too; 0 (default) keeps none. Memory: ~24 bytes a token.
+        max_match: the longest suffix matched (tokens, >= min_match).
+        min_match: the shortest suffix matched (tokens, >= 1).
+        max_spec_factor: at most ``ceil(max_spec_factor * n)`` tokens are proposed after a match of n tokens
+            (> 0; ``math.inf``: up to k).
+        min_token_prob: stop the proposal where the product of its tokens' empirical probabilities falls below
+            this (0 <= p <= 1; 0: never).
+
+    Raises:
+        ValueError: a bad setting; texts in ``corpus`` without ``tokenizer``; negative token ids.
+    """
+
+    method = "suffix"
+    takes_corpus = True
+    #: follow the most frequent continuation (False) or the most recent occurrence's (True: prompt lookup)
+    most_recent = False
+
+    def __init__(self, num_speculative_tokens: int | None = None, *, corpus=None, tokenizer=None,
+                 remember_outputs: int = 0, max_match: int = 16, min_match: int = 1, max_spec_factor: float = 2.0,
+                 min_token_prob: float = 0.1):
+        super().__init__(num_speculative_tokens)
+        if not (isinstance(min_match, int) and isinstance(max_match, int) and 1 <= min_match <= max_match):
+            raise ValueError(f"need integers 1 <= min_match <= max_match, got min_match={min_match!r}, "
+                             f"max_match={max_match!r}")
+        if not (max_spec_factor > 0) or not (0 <= min_token_prob <= 1):  # NaN fails too
+            raise ValueError(f"need max_spec_factor > 0 and 0 <= min_token_prob <= 1, got {max_spec_factor!r}, "
+                             f"{min_token_prob!r}")
+        if not (isinstance(remember_outputs, int) and remember_outputs >= 0):
+            raise ValueError(f"remember_outputs must be a number of tokens >= 0, got {remember_outputs!r}")
+        self.max_match, self.min_match = max_match, min_match
+        self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
+        self.corpus = _corpus_index(corpus, tokenizer)
+        self.memory = _Memory(remember_outputs) if remember_outputs else None
+        self._trie: SuffixTrie | None = None
+        self._states: list[list[int]] = []
+        self._indexed: list[int] = []
+        self._target_vocab: int | None = None
+
+    # ---- the registry ---------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None,
+                  corpus=None):
+        """``suffix``: a :class:`SuffixDrafter` with the default settings and ``corpus`` (texts, tokenized with
+        ``tokenizer``)."""
+        return cls(num_speculative_tokens, corpus=corpus, tokenizer=tokenizer)
+
+    # ---- one call -------------------------------------------------------------------------------
+    def prepare(self, target, input_ids) -> None:
+        vocab = logit_rows(target)
+        if self.corpus is not None and self.corpus.num_tokens and int(self.corpus.text.max()) >= vocab:
+            raise ValueError(f"the corpus holds token ids up to {int(self.corpus.text.max())} but the target has "
+                             f"{vocab} logit rows: tokenize the corpus with the target's tokenizer")
+        self._target_vocab = vocab
+        # one trie per call, every row a document of it (rows may draft from each other's text)
+        self._trie = SuffixTrie(self.max_match + max(16, self.num_speculative_tokens))
+        self._states = [[] for _ in range(input_ids.shape[0])]
+        self._indexed = [0] * input_ids.shape[0]
+
+    def select_rows(self, rows) -> None:
+        self._states = [self._states[int(r)] for r in rows]
+        self._indexed = [self._indexed[int(r)] for r in rows]
+
+    def finish(self, outputs) -> None:
+        if self.memory is not None:
+            self.memory.add([o.tolist() for o in outputs])
+
+    def index(self, sequences: list[torch.LongTensor]) -> None:
+        """Bring the call's trie up to date: each row's tokens not indexed yet (the prompt at the first draft,
+        then the tokens emitted since), one :meth:`~SuffixTrie.append` each."""
+        if self._trie is None:
+            raise RuntimeError("draft() on a SuffixDrafter not bound to a call: the loop calls start() first")
+        for b, seq in enumerate(sequences):
+            if len(seq) > self._indexed[b]:
+                self._states[b] = self._trie.extend(seq[self._indexed[b]:].tolist(), self._states[b])
+                self._indexed[b] = len(seq)
+
+    def propose(self, b: int, sequence: torch.LongTensor, k: int) -> Proposal:
+        """Row b's proposal of at most k tokens (after :meth:`index`): the best of the current text's, the
+        corpus's and past outputs' (most expected accepted tokens, then the longer match, then the current
+        text)."""
+        n, node = self._trie.longest_match(self._states[b], self.min_match, self.max_match)
+        candidates = []
+        if n:
+            candidates.append(self._trie.continuation(node, n, self._limit(n, k), self.min_token_prob,
+                                                      self.most_recent))
+        context = None
+        for index in (self.corpus, self.memory.index if self.memory is not None else None):
+            if index is None:
+                continue
+            if context is None:
+                context = sequence[-self.max_match:].tolist()
+            m, lo, hi = index.match_of(context, self.min_match, self.max_match)
+            if m and m >= n:  # a shorter match than the current text's is weaker evidence
+                candidates.append(index.continuation(m, lo, hi, self._limit(m, k), self.min_token_prob,
+                                                     self.most_recent))
+        best = Proposal([], [], 0)
+        for c in candidates:
+            if (c.expected_accepted, c.match_length) > (best.expected_accepted, best.match_length):
+                best = c
+        return best
+
+    def _limit(self, n: int, k: int) -> int:
+        return k if math.isinf(self.max_spec_factor) else max(1, min(k, math.ceil(self.max_spec_factor * n)))
+
+    def draft(self, sequences, k):
+        self.index(sequences)
+        found = [self.propose(b, seq, k).tokens for b, seq in enumerate(sequences)]
+        width = max((len(f) for f in found), default=0)
+        tokens = torch.zeros(len(found), width, dtype=torch.long)
+        for b, f in enumerate(found):
+            tokens[b, :len(f)] = torch.tensor(f, dtype=torch.long)
+        return tokens, torch.tensor([len(f) for f in found], dtype=torch.long), None
+
+
+def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
+    """The suffix array over ``corpus`` (texts, token-id sequences or tensors), or ``None`` for no corpus."""
+    if corpus is None:
+        return None
+    if isinstance(corpus, str) or (isinstance(corpus, torch.Tensor) and corpus.dim() == 1):
+        corpus = [corpus]
+    docs = []
+    for i, doc in enumerate(corpus):
+        if isinstance(doc, str):
+            if tokenizer is None:
+                raise ValueError("the corpus holds texts: pass tokenizer= (the target's) to tokenize them, or give "
+                                 "token-id sequences")
+            doc = tokenizer(doc, add_special_tokens=False)["input_ids"]
+        elif isinstance(doc, torch.Tensor):
+            doc = doc.reshape(-1).tolist()
+        try:
+            doc = [int(t) for t in doc]
+        except (TypeError, ValueError):
+            raise ValueError(f"corpus[{i}] is {type(doc).__name__}: give texts (str) or sequences of token ids") from None
+        docs.append(doc)
+    return SuffixArray(docs)

@@ -1,0 +1,331 @@
+"""Token indexes for model-free drafting: a suffix trie updated per token, and a suffix array over a corpus.
+
+Both answer the two questions a suffix drafter asks (after SuffixDecoding, Oliaro et al. 2024,
+arXiv:2411.04975):
+
+1. the longest match: the longest suffix ``context[-n:]`` (``min_match <= n <= max_match``) that occurs in the
+   indexed text with at least one token after it (a continuation);
+2. the continuation: starting at that match, the next token that most often followed it (ties: the most
+   recent occurrence), then the token that most often followed the match plus that token, and so on; each
+   step's empirical probability ``count(pattern + t) / count(pattern with a continuation)``.
+
+:class:`SuffixTrie` is dynamic: :meth:`~SuffixTrie.append` adds one token in ``O(max_depth)`` (the nodes of
+every suffix of the text of length up to ``max_depth`` are kept as the state, so nothing is ever rescanned),
+and the longest match of the text's own end is read off that state. It serves the current prompt and output.
+
+:class:`SuffixArray` is static: built once (prefix doubling with numpy, ``O(N log^2 N)``), ``O(N)`` memory (3
+integers per token). A match is a binary search, a continuation step narrows the sorted range. It serves a
+corpus the user supplies and the drafter's own past outputs (rebuilt when they change, bounded in tokens).
+
+Documents never match across each other: the trie starts each one from an empty state, the suffix array
+separates them with unique negative ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Proposal", "SuffixTrie", "SuffixArray"]
+
+
+@dataclass
+class Proposal:
+    """A continuation proposed by an index.
+
+    Attributes:
+        tokens: the proposed token ids, in order.
+        probs: per token, its empirical probability given the match and the tokens before it (0 < p <= 1).
+        match_length: n, the length of the matched suffix of the context (0: no match, no tokens).
+    """
+
+    tokens: list[int]
+    probs: list[float]
+    match_length: int
+
+    @property
+    def expected_accepted(self) -> float:
+        """``sum_i prod_{j <= i} probs[j]``: the tokens expected to be accepted if the probabilities hold."""
+        total, cum = 0.0, 1.0
+        for p in self.probs:
+            cum *= p
+            total += cum
+        return total
+
+
+class SuffixTrie:
+    """Every substring of the indexed text of length <= ``max_depth``, as a trie with occurrence counts.
+
+    Node 0 is the root (the empty string). Per node: its token, ``count`` (occurrences of its string),
+    ``cont`` (occurrences followed by another token: the sum of its children's counts), ``best`` (the child
+    with the highest count, ties: the one seen last), ``recent`` (the child seen last). ``best`` and ``recent``
+    are kept up to date by :meth:`append` in O(1): a child's count only grows, and the child just counted is
+    the most recent one.
+
+    Args:
+        max_depth: the longest substring indexed (>= 2); the longest match plus its continuation fit in it.
+
+    Memory: at most ``max_depth`` nodes per indexed token (fewer where substrings repeat), each a dict entry
+    and five list slots (~150 bytes): about 1.5 MB per 1,000 tokens at ``max_depth = 40``.
+    """
+
+    def __init__(self, max_depth: int = 40):
+        if not (isinstance(max_depth, int) and max_depth >= 2):
+            raise ValueError(f"max_depth must be an integer >= 2, got {max_depth!r}")
+        self.max_depth = max_depth
+        self.children: dict[tuple[int, int], int] = {}
+        self.token = [-1]
+        self.count = [0]
+        self.cont = [0]
+        self.best = [-1]
+        self.recent = [-1]
+        self.num_tokens = 0  # tokens appended, all documents together (the position of the next one)
+
+    def __len__(self) -> int:
+        """Number of nodes (the root included)."""
+        return len(self.token)
+
+    def child(self, node: int, token: int) -> int:
+        """The child of ``node`` along ``token``, or -1."""
+        return self.children.get((node, token), -1)
+
+    def append(self, state: list[int], token: int) -> list[int]:
+        """Index one more token of a document.
+
+        Args:
+            state: the document's state: node ids of its current suffixes of length 1, 2, ... (up to
+                ``max_depth - 1``); ``[]`` at the start of a document.
+            token: the next token id.
+
+        Returns:
+            The new state (the caller keeps it for the next token).
+        """
+        children, count, cont, best, recent = self.children, self.count, self.cont, self.best, self.recent
+        new_state = []
+        keep = self.max_depth - 1
+        parent = 0
+        for depth in range(min(len(state), keep) + 1):
+            if depth:
+                parent = state[depth - 1]
+            key = (parent, token)
+            c = children.get(key)
+            if c is None:
+                c = len(self.token)
+                children[key] = c
+                self.token.append(token)
+                count.append(0)
+                cont.append(0)
+                best.append(-1)
+                recent.append(-1)
+            count[c] += 1
+            cont[parent] += 1
+            b = best[parent]
+            if b < 0 or count[c] >= count[b]:
+                best[parent] = c
+            recent[parent] = c
+            if depth < keep:
+                new_state.append(c)
+        self.num_tokens += 1
+        return new_state
+
+    def extend(self, tokens, state: list[int] | None = None) -> list[int]:
+        """:meth:`append` each of ``tokens`` (ints) in order, from ``state`` (default: a new document)."""
+        state = [] if state is None else state
+        for t in tokens:
+            state = self.append(state, int(t))
+        return state
+
+    def find(self, pattern) -> int:
+        """The node of ``pattern`` (a sequence of ints), or -1 when it does not occur (or is longer than
+        ``max_depth``)."""
+        node = 0
+        for t in pattern:
+            node = self.children.get((node, int(t)), -1)
+            if node < 0:
+                return -1
+        return node
+
+    def longest_match(self, state: list[int], min_match: int = 1, max_match: int | None = None) -> tuple[int, int]:
+        """The longest suffix of a document's text (given as its ``state``) with a continuation.
+
+        Returns:
+            ``(n, node)``: the match length and its node; ``(0, -1)`` when no suffix of length
+            ``min_match..max_match`` occurs with a token after it.
+        """
+        top = min(len(state), max_match if max_match is not None else len(state))
+        for n in range(top, min_match - 1, -1):
+            node = state[n - 1]
+            if self.cont[node] > 0:
+                return n, node
+        return 0, -1
+
+    def match_of(self, context, min_match: int = 1, max_match: int | None = None) -> tuple[int, int]:
+        """:meth:`longest_match` for an arbitrary ``context`` (a sequence of ints, e.g. the current text
+        against a trie of other documents): walks each candidate suffix, longest first."""
+        top = min(len(context), self.max_depth - 1, max_match if max_match is not None else len(context))
+        for n in range(top, min_match - 1, -1):
+            node = self.find(context[len(context) - n:])
+            if node >= 0 and self.cont[node] > 0:
+                return n, node
+        return 0, -1
+
+    def continuation(self, node: int, match_length: int, max_tokens: int, min_prob: float = 0.0,
+                     most_recent: bool = False) -> Proposal:
+        """Walk down from ``node`` (a match of length ``match_length``), at most ``max_tokens`` steps, taking
+        the most frequent child (``most_recent``: the child seen last, i.e. the continuation of the most
+        recent occurrence) while the product of the empirical probabilities stays >= ``min_prob``."""
+        tokens, probs, cum = [], [], 1.0
+        pick = self.recent if most_recent else self.best
+        while len(tokens) < max_tokens and node >= 0 and self.cont[node] > 0:
+            c = pick[node]
+            p = self.count[c] / self.cont[node]
+            if cum * p < min_prob:
+                break
+            cum *= p
+            tokens.append(self.token[c])
+            probs.append(p)
+            node = c
+        return Proposal(tokens, probs, match_length if tokens else 0)
+
+
+class SuffixArray:
+    """A suffix array over a fixed set of documents (token id sequences), with occurrence counts by range.
+
+    Args:
+        documents: sequences of non-negative token ids.
+
+    Raises:
+        ValueError: a negative token id.
+
+    Memory: the tokens, the suffix array and its inverse, as int64: 24 bytes per token (24 MB per million).
+    """
+
+    def __init__(self, documents):
+        parts, sep = [], -1
+        for doc in documents:
+            arr = np.asarray(list(doc) if not isinstance(doc, np.ndarray) else doc, dtype=np.int64).reshape(-1)
+            if arr.size and int(arr.min()) < 0:
+                raise ValueError("token ids must be >= 0")
+            if arr.size:
+                parts.append(arr)
+                parts.append(np.array([sep], dtype=np.int64))  # unique separators: no match spans documents
+                sep -= 1
+        self.text = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        self.num_tokens = int((self.text >= 0).sum())
+        self.sa = _suffix_array(self.text)
+        self._list = self.text.tolist()  # Python ints for the comparisons of binary searches
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def _key(self, i: int, n: int) -> list[int]:
+        return self._list[i:i + n]
+
+    def range_of(self, pattern: list[int], lo: int = 0, hi: int | None = None, offset: int = 0) -> tuple[int, int]:
+        """``(lo, hi)``: the suffixes in ``sa[lo:hi]`` that start with ``pattern`` (when the range already
+        shares ``pattern[:offset]``); empty when ``lo == hi``."""
+        sa, text = self.sa, self._list
+        hi = len(sa) if hi is None else hi
+        n = len(pattern)
+        want = pattern[offset:]
+
+        def key(j):
+            s = int(sa[j]) + offset
+            return text[s:s + n - offset]
+
+        a, b = lo, hi
+        while a < b:  # first suffix >= pattern
+            m = (a + b) // 2
+            if key(m) < want:
+                a = m + 1
+            else:
+                b = m
+        start = a
+        a, b = start, hi
+        while a < b:  # first suffix whose prefix > pattern
+            m = (a + b) // 2
+            if key(m)[: len(want)] == want:
+                a = m + 1
+            else:
+                b = m
+        return start, a
+
+    def _next_tokens(self, lo: int, hi: int, n: int) -> np.ndarray:
+        pos = self.sa[lo:hi] + n
+        out = np.full(hi - lo, -1, dtype=np.int64)
+        ok = pos < len(self.text)
+        out[ok] = self.text[pos[ok]]
+        return out
+
+    def match_of(self, context, min_match: int = 1, max_match: int = 32) -> tuple[int, int, int]:
+        """The longest suffix ``context[-n:]`` (``min_match <= n <= max_match``) that occurs with a token after
+        it. Existence is monotone in n (a suffix of a match matches), so a binary search on n.
+
+        Returns:
+            ``(n, lo, hi)``: the match length and its suffix-array range; ``(0, 0, 0)`` when none.
+        """
+        context = [int(t) for t in context[max(0, len(context) - max_match):]]
+        best = (0, 0, 0)
+        a, b = min_match, min(max_match, len(context))
+        while a <= b:
+            n = (a + b) // 2
+            lo, hi = self.range_of(context[len(context) - n:])
+            if hi > lo and bool((self._next_tokens(lo, hi, n) >= 0).any()):
+                best, a = (n, lo, hi), n + 1
+            else:
+                b = n - 1
+        return best
+
+    def continuation(self, match_length: int, lo: int, hi: int, max_tokens: int, min_prob: float = 0.0,
+                     most_recent: bool = False) -> Proposal:
+        """Walk the sorted range: at each step the next token with the most occurrences (ties, and with
+        ``most_recent`` always: the one of the latest occurrence), narrowing the range to it."""
+        tokens, probs, cum, n = [], [], 1.0, match_length
+        while len(tokens) < max_tokens and hi > lo:
+            nxt = self._next_tokens(lo, hi, n)
+            valid = nxt >= 0
+            total = int(valid.sum())
+            if total == 0:
+                break
+            # the range is sorted by the next token (separators, negative, first): runs of equal tokens
+            first = int(np.argmax(valid))
+            vals = nxt[first:]
+            starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
+            counts = np.diff(np.r_[starts, len(vals)])
+            latest = np.maximum.reduceat(self.sa[lo + first:hi], starts)
+            if most_recent:
+                j = int(np.argmax(latest))
+            else:
+                j = int(np.lexsort((latest, counts))[-1])  # most occurrences, then the latest
+            p = float(counts[j]) / total
+            if cum * p < min_prob:
+                break
+            cum *= p
+            tokens.append(int(vals[starts[j]]))
+            probs.append(p)
+            lo, hi = lo + first + int(starts[j]), lo + first + int(starts[j]) + int(counts[j])
+            n += 1
+        return Proposal(tokens, probs, match_length if tokens else 0)
+
+
+def _suffix_array(text: np.ndarray) -> np.ndarray:
+    """Suffix array by prefix doubling (Manber and Myers 1993) with numpy sorts: ``int64[N]``, the start
+    positions of the suffixes of ``text`` in lexicographic order (a shorter suffix before its extensions)."""
+    n = len(text)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, rank = np.unique(text, return_inverse=True)
+    rank = rank.astype(np.int64) + 1  # 0 = past the end
+    k = 1
+    while True:
+        second = np.zeros(n, dtype=np.int64)
+        second[: n - k] = rank[k:] if k < n else second[:0]
+        order = np.lexsort((second, rank))
+        r, s = rank[order], second[order]
+        new = np.empty(n, dtype=np.int64)
+        new[order] = np.cumsum(np.r_[True, (r[1:] != r[:-1]) | (s[1:] != s[:-1])])
+        rank = new
+        if int(rank.max()) == n or k >= n:
+            return order.astype(np.int64)
+        k *= 2

@@ -1,0 +1,245 @@
+"""The suffix drafter's indexes against a brute-force reference on random token sequences, its memory bound and
+corpus, and the n-gram drafter that now reads the same index."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import hf_spec
+from hf_spec.drafters.suffix_index import SuffixArray, SuffixTrie
+
+from .conftest import tiny_pair
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
+
+
+def occurrences(docs, pattern, depth=math.inf):
+    """(global position, next token) of every occurrence of ``pattern`` followed by a token, in document
+    order, counting only substrings of length <= depth (the trie's bound)."""
+    out, base, n = [], 0, len(pattern)
+    for doc in docs:
+        for p in range(len(doc) - n):
+            if n + 1 <= depth and doc[p:p + n] == pattern:
+                out.append((base + p, doc[p + n]))
+        base += len(doc) + 1
+    return out
+
+
+def ref_match(docs, context, min_match, max_match, depth=math.inf):
+    for n in range(min(max_match, len(context), depth - 1), min_match - 1, -1):
+        if occurrences(docs, context[len(context) - n:], depth):
+            return n
+    return 0
+
+
+def ref_continuation(docs, pattern, max_tokens, min_prob, most_recent, depth=math.inf):
+    tokens, probs, cum = [], [], 1.0
+    pattern = list(pattern)
+    while len(tokens) < max_tokens:
+        occ = occurrences(docs, pattern, depth)
+        if not occ:
+            break
+        counts, latest = {}, {}
+        for pos, t in occ:
+            counts[t] = counts.get(t, 0) + 1
+            latest[t] = max(latest.get(t, -1), pos)
+        t = max(counts, key=lambda t: latest[t]) if most_recent else max(counts, key=lambda t: (counts[t], latest[t]))
+        p = counts[t] / len(occ)
+        if cum * p < min_prob:
+            break
+        cum *= p
+        tokens.append(t)
+        probs.append(p)
+        pattern.append(t)
+    return tokens, probs
+
+
+def random_docs(rng, n_docs, vocab):
+    # a small vocabulary and repeated chunks: many matches, many ties
+    docs = []
+    for _ in range(n_docs):
+        doc = []
+        while len(doc) < rng.randint(1, 60):
+            doc += rng.choice([[rng.randrange(vocab)], [1, 2, 3], [2, 3, 1, 2], [rng.randrange(vocab)] * 3])
+        docs.append(doc)
+    return docs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_trie_matches_brute_force_as_it_grows(seed):
+    """Every prefix of the last document (the text the trie is updated with token by token): the longest match
+    of its end, and both continuations (most frequent, most recent) with a probability floor, equal the
+    reference computed from scratch on the same documents."""
+    rng = random.Random(seed)
+    depth = rng.choice([2, 3, 5, 8, 40])
+    docs = random_docs(rng, rng.randint(1, 3), rng.choice([3, 5, 9]))
+    trie = SuffixTrie(depth)
+    for doc in docs[:-1]:
+        trie.extend(doc)
+    last, state = docs[-1], []
+    for i, token in enumerate(last):
+        state = trie.append(state, token)
+        seen = docs[:-1] + [last[:i + 1]]
+        min_match, max_match = rng.randint(1, 2), rng.randint(2, 12)
+        n, node = trie.longest_match(state, min_match, max_match)
+        assert n == ref_match(seen, last[:i + 1], min_match, max_match, depth)
+        assert (n, node) == trie.match_of(last[:i + 1], min_match, max_match)
+        if n:
+            for most_recent in (False, True):
+                max_tokens, min_prob = rng.randint(1, 8), rng.choice([0.0, 0.3, 0.6])
+                got = trie.continuation(node, n, max_tokens, min_prob, most_recent)
+                want = ref_continuation(seen, last[i + 1 - n:i + 1], max_tokens, min_prob, most_recent, depth)
+                assert (got.tokens, got.probs) == want
+    # counts: every substring's occurrences, and no node beyond the depth
+    for length in range(1, min(depth, 4) + 1):
+        for start in range(len(last) - length + 1):
+            pattern = last[start:start + length]
+            node = trie.find(pattern)
+            assert trie.count[node] == sum(d[p:p + length] == pattern for d in docs for p in range(len(d) - length + 1))
+    assert trie.find(last[:depth + 1]) == -1 or len(last) <= depth
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_suffix_array_matches_brute_force(seed):
+    """Matches of arbitrary contexts (from the documents and random) and their continuations, with no depth
+    bound; documents never match across their boundary."""
+    rng = random.Random(100 + seed)
+    vocab = rng.choice([3, 5, 9])
+    docs = random_docs(rng, rng.randint(1, 4), vocab)
+    index = SuffixArray(docs)
+    assert len(index) == sum(map(len, docs))
+    # the suffix array is sorted
+    text = index.text.tolist()
+    suffixes = [text[i:] for i in index.sa.tolist()]
+    assert suffixes == sorted(suffixes)
+    for _ in range(40):
+        if rng.random() < 0.5:
+            d = rng.choice(docs)
+            a = rng.randrange(len(d))
+            context = d[:a + 1]
+        else:
+            context = [rng.randrange(vocab) for _ in range(rng.randint(1, 10))]
+        min_match, max_match = rng.randint(1, 2), rng.randint(2, 12)
+        n, lo, hi = index.match_of(context, min_match, max_match)
+        assert n == ref_match(docs, context, min_match, max_match)
+        if n:
+            for most_recent in (False, True):
+                max_tokens, min_prob = rng.randint(1, 8), rng.choice([0.0, 0.3])
+                got = index.continuation(n, lo, hi, max_tokens, min_prob, most_recent)
+                assert (got.tokens, got.probs) == ref_continuation(docs, context[len(context) - n:], max_tokens,
+                                                                    min_prob, most_recent)
+    # across a document boundary: the end of one and the start of the next never match together
+    two = SuffixArray([[1, 2], [3, 4]])
+    assert two.match_of([2, 3], 2, 2)[0] == 0
+
+
+def _call(drafter, target, prompt, k=3, new=12, **kw):
+    ids = torch.tensor([prompt])
+    return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                           custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
+                           num_speculative_tokens=k, **kw)
+
+
+def test_remembered_outputs_are_bounded_and_drafted_from(pair):
+    """remember_outputs keeps the latest outputs up to the bound (oldest dropped), indexed as a fresh suffix array
+    over exactly those would be; a second call with the same prompt drafts the first call's answer from memory."""
+    target, _ = pair
+    d = hf_spec.SuffixDrafter(4, remember_outputs=30, min_token_prob=0.0)
+    plain = target.generate(torch.tensor([[5, 9, 2, 7]]), max_new_tokens=12, do_sample=False)
+    first = _call(d, target, [5, 9, 2, 7])
+    assert torch.equal(first.sequences, plain)
+    assert d.memory.documents and d.memory.num_tokens <= 30
+    second = _call(d, target, [5, 9, 2, 7])
+    assert torch.equal(second.sequences, plain)
+    # the answer is in memory: most of it arrives as accepted drafts
+    assert second.stats.num_accepted_tokens > first.stats.num_accepted_tokens
+    for seed in range(5):
+        rng = random.Random(seed)
+        outputs = [[rng.randrange(9) for _ in range(rng.randint(1, 14))] for _ in range(6)]
+        d.finish([torch.tensor(o) for o in outputs])
+        kept = list(d.memory.documents)
+        assert sum(map(len, kept)) == d.memory.num_tokens <= 30
+        assert kept[-1] == outputs[-1][-30:]  # the newest always stays
+        fresh = SuffixArray(kept)
+        assert d.memory.index.text.tolist() == fresh.text.tolist() and d.memory.index.sa.tolist() == fresh.sa.tolist()
+
+
+def test_corpus_texts_tokens_and_bad_input(pair):
+    target, _ = pair
+    prompt = [5, 9, 2, 7]
+    plain = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    answer = plain[0, len(prompt):].tolist()
+    # a corpus holding the answer after the prompt's end: drafted from it, output unchanged
+    d = hf_spec.SuffixDrafter(4, corpus=[[20, 21] + prompt + answer])
+    out = _call(d, target, prompt)
+    assert torch.equal(out.sequences, plain)
+    assert out.stats.num_accepted_tokens >= len(answer) - 4
+    with pytest.raises(ValueError, match="tokenizer="):
+        hf_spec.SuffixDrafter(corpus=["some text"])
+    with pytest.raises(ValueError, match="texts .str. or sequences of token ids"):
+        hf_spec.SuffixDrafter(corpus=[object()])
+    with pytest.raises(ValueError, match=">= 0"):
+        hf_spec.SuffixDrafter(corpus=[[1, -2]])
+    with pytest.raises(ValueError, match="logit rows"):
+        _call(hf_spec.SuffixDrafter(corpus=[[10**6]]), target, prompt)
+    with pytest.raises(ValueError, match="min_match"):
+        hf_spec.SuffixDrafter(min_match=0)
+    with pytest.raises(ValueError, match="max_spec_factor"):
+        hf_spec.SuffixDrafter(max_spec_factor=float("nan"))
+    with pytest.raises(ValueError, match="remember_outputs"):
+        hf_spec.SuffixDrafter(remember_outputs=-1)
+    with pytest.raises(ValueError, match="does not draft from a corpus"):
+        hf_spec.make_drafter("ngram", corpus=["x"])
+
+
+def test_corpus_texts_are_tokenized_with_the_tokenizer(smollm2_tokenizer):
+    text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
+    d = hf_spec.make_drafter("suffix", corpus=[text], tokenizer=smollm2_tokenizer)
+    ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert d.corpus.text[:len(ids)].tolist() == ids
+    assert len(d.corpus) == len(ids)
+
+
+def old_prompt_lookup(seq, k, max_ngram, min_ngram):
+    """The n-gram drafter before it read the suffix index: a rescan of the sequence per step."""
+    length = len(seq)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = seq[length - n:]
+        for start in range(length - n - 1, -1, -1):
+            if seq[start:start + n] == suffix:
+                follow = seq[start + n:start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ngram_drafter_proposes_what_prompt_lookup_did(seed, pair):
+    """NgramDrafter proposes the most recent occurrence's continuation, as the rescanning version did, except
+    where that occurrence runs into the end of the text: then the index continues from an earlier occurrence
+    of the longer pattern, so the old proposal is a prefix of the new one."""
+    rng = random.Random(seed)
+    seq = random_docs(rng, 1, 4)[0] * 2
+    k, max_ngram = rng.randint(1, 6), rng.randint(1, 4)
+    d = hf_spec.NgramDrafter(k, max_ngram=max_ngram).start(pair[0], torch.zeros(1, 1, dtype=torch.long), GenerationConfig())
+    for i in range(2, len(seq) + 1):
+        prefix = torch.tensor(seq[:i])
+        tokens, num, _ = d.draft([prefix], k)
+        new = tokens[0, :int(num[0])].tolist()
+        old = old_prompt_lookup(seq[:i], k, max_ngram, 1)
+        assert new[:len(old)] == old and (len(new) == len(old) or len(old) < k)
