@@ -180,6 +180,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
+    p.add_argument("--top-p", type=float, default=None, help="sampling (with --temperature): nucleus mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=None, help="sampling (with --temperature): keep the K likeliest tokens")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="sampling (with --temperature): e.g. 1.05, as Qwen2.5-Instruct's generation config")
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt and method; the median run is kept")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")

@@ -34,7 +34,7 @@ WINDOW = 8
 NEW_TOKENS = 20
 #: the processors a shipped instruct generation_config turns on, greedy part (sampling is tested separately)
 INSTRUCT_GREEDY = dict(repetition_penalty=1.1)
-DRAFTERS = ("ngram", "draft model", "medusa")
+DRAFTERS = ("ngram", "draft model", "hybrid", "medusa")
 BATCHES = ("single", "batch of 3")
 #: the draft model of each architecture: the target's weights plus this much noise (acceptance 30-70% here)
 DRAFT_NOISE = 0.005
@@ -140,9 +140,11 @@ def make_drafter(kind: str, target, draft, k):
     fixed = None if k == "auto" else k
     if kind == "ngram":
         return hf_spec.NgramDrafter(fixed or 3)
-    if kind == "draft model":
+    if kind in ("draft model", "hybrid"):
         tok = SameTokenizer() if hf_spec.drafters.base.logit_rows(target) != hf_spec.drafters.base.logit_rows(draft) else None
-        return hf_spec.DraftModelDrafter(draft, fixed or 3, tokenizer=tok, draft_tokenizer=tok)
+        model = hf_spec.DraftModelDrafter(draft, fixed or 3, tokenizer=tok, draft_tokenizer=tok)
+        # hybrid: suffix matches of the prompts' repeats and the draft model, chosen per row and step
+        return model if kind == "draft model" else hf_spec.HybridDrafter(model, num_speculative_tokens=fixed)
     from hf_spec.medusa import MedusaConfig, MedusaHeads
     torch.manual_seed(1)
     hidden = target.config.get_text_config().hidden_size

@@ -28,7 +28,8 @@ def test_parse_methods():
     for bad, msg in [("hf-assisted", "needs a draft model"), ("foo", "unknown method"), ("", "empty"),
                      ("medusa:", "needs DIR after the colon"), ("draft:", "needs MODEL after the colon"),
                      ("ngram:4", "takes no argument"), ("medusa:/no/such/heads", "no Medusa heads"),
-                     ("none", "the baseline")]:
+                     ("none", "the baseline"), ("hybrid:suffix", "takes a model drafter"),
+                     ("hybrid:draft:", "needs MODEL after the colon"), ("suffix:x", "takes no argument")]:
         with pytest.raises(ValueError, match=msg):
             parse_methods(bad, [3])
     with pytest.raises(ValueError, match="k must be an integer >= 1 or auto"):
@@ -38,6 +39,10 @@ def test_parse_methods():
                                       "hf-prompt-lookup@k=3"]  # transformers' peers have no k=auto
     with pytest.raises(ValueError, match="no k=auto"):
         parse_methods("ngram,hf-prompt-lookup", ["auto"])
+    mixed = parse_methods("suffix,hybrid:draft:smollm2-135m,hybrid:medusa:smollm2-135m", [None])[1:]
+    assert [(m.name, m.spec, m.k) for m in mixed] == [("suffix", "suffix", 3),
+                                                      ("hybrid:draft:smollm2-135m", "hybrid:draft:smollm2-135m", 3),
+                                                      ("hybrid:medusa:smollm2-135m", "hybrid:medusa:smollm2-135m", 4)]
     medusa = parse_methods("medusa:smollm2-135m", [2])[1]  # the shipped heads, by name
     assert (medusa.name, medusa.kind, medusa.spec, medusa.k) == ("medusa:smollm2-135m", "hf-spec", "medusa:smollm2-135m", 2)
 
@@ -74,15 +79,17 @@ def test_model_check_uses_the_runs_own_measurements():
 def test_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
     r = run("bench", "--target", "smollm2-135m", "--methods",
-            "baseline,draft:smollm2-135m,medusa:smollm2-135m,ngram,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2,auto",
+            "baseline,draft:smollm2-135m,medusa:smollm2-135m,hybrid:draft:smollm2-135m,hf-assisted,hf-prompt-lookup", "--k-sweep", "1,2,auto",
             "--categories", "coding,qa", "--per-category", "1", "--max-new-tokens", "12", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["num_prompts"] == 2 and res["config"]["categories"] == ["coding", "qa"]
-    names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
+    names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "hybrid:draft:smollm2-135m", "hf-assisted",
                                                    "hf-prompt-lookup") for k in (1, 2)]
-    autos = [f"{m}@k=auto" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "ngram")]
+    autos = [f"{m}@k=auto" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "hybrid:draft:smollm2-135m")]
     assert sorted(res["methods"]) == sorted(names + autos)
+    for k in (1, 2, "auto"):  # the hybrid drafter's sources, counted; both drafted in a run this short
+        assert set(res["methods"][f"hybrid:draft:smollm2-135m@k={k}"]["per_source"]) <= {"suffix", "draft"}
     for name in autos:  # the controller's record: the k it used, how often speculation was off
         assert res["methods"][name]["identical_fraction"] == 1.0
         assert 0 <= res["methods"][name]["speculation_off_fraction"] < 1 and res["methods"][name]["k_mean"] > 0
@@ -98,7 +105,8 @@ def test_bench_end_to_end(tmp_path):
         assert len(m["acceptance_by_position"]) <= int(name[-1])
     # a draft identical to the target accepts everything
     assert res["methods"]["draft:smollm2-135m@k=2"]["acceptance_rate"] > 0.9
-    assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "medusa:smollm2-135m", "ngram", "hf-assisted",
+    assert set(res["speedup_vs_k"]) == {"draft:smollm2-135m", "medusa:smollm2-135m", "hybrid:draft:smollm2-135m",
+                                        "hf-assisted",
                                         "hf-prompt-lookup"}
     assert all(p["predicted"] is not None for p in res["speedup_vs_k"]["draft:smollm2-135m"])
     for name in names[1:7]:  # hf-spec's methods: the model checked with the run's own measurements

@@ -72,6 +72,9 @@ def test_generate_batches_compare_json(tmp_path):
     (["--drafter", "medusa-ish"], "unknown drafter"),
     (["--target", "no-such-model"], "unknown model"),
     (["--target", "/no/such/folder"], "no such folder: /no/such/folder"),
+    (["--drafter", "suffix", "--corpus", "/no/such/corpus.txt"], "--corpus /no/such/corpus.txt: no such file"),
+    (["--corpus", "README.md"], "--corpus needs a drafter that drafts from one"),
+    (["--drafter", "hybrid:ngram"], "takes a model drafter"),
 ])
 def test_bad_input_gives_clear_errors(args, msg):
     base = {"--target": "smollm2-135m", "--prompt": "hi", "--drafter": "ngram"}
@@ -83,6 +86,26 @@ def test_bad_input_gives_clear_errors(args, msg):
     assert r.returncode == 2  # usage errors, all of them
     assert msg in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@slow
+def test_generate_hybrid_with_a_corpus(tmp_path):
+    """The hybrid drafter on real SmolLM2 (itself as the draft), its suffix source also reading a corpus file that
+    holds the answer: identical to plain decoding, and both sources drafted (per_source in the JSON)."""
+    prompt = "List the first ten prime numbers, separated by commas."
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "suffix", "--max-new-tokens", "24", "--prompt",
+            prompt, "--chat", "--compare", "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    plain = json.loads(r.stdout)
+    assert plain["identical_to_baseline"] is True
+    corpus = tmp_path / "answers.txt"
+    corpus.write_text(plain["text"] * 2)
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "hybrid:draft:smollm2-135m", "--corpus", str(corpus),
+            "--max-new-tokens", "24", "--prompt", prompt, "--chat", "--compare", "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["identical_to_baseline"] is True and out["text"] == plain["text"]
+    assert out["per_source"]["suffix"]["accepted_tokens"] > 0 and "draft" in out["per_source"], out["per_source"]
 
 
 @slow

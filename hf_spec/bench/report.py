@@ -44,6 +44,8 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
             total.merge(s)
         out.update(acceptance_rate=total.acceptance_rate, mean_accepted_length=_tokens_per_forward(total),
                    acceptance_by_position=total.acceptance_by_position)
+        if total.per_source:  # the hybrid drafter: drafted and accepted tokens by source
+            out["per_source"] = total.per_source
         if total.policy_events:  # k=auto: what the controller did
             out.update(k_mean=statistics.fmean(total.k_per_step) if total.k_per_step else None,
                        speculation_off_fraction=total.k_per_step.count(0) / max(1, len(total.k_per_step)))

@@ -257,6 +257,7 @@ def run_bench(
     journal: str | Path | None = None,
     drafters: dict | None = None,
     corpus: list[str] | None = None,
+    sampling: dict | None = None,
 ) -> dict:
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
@@ -276,6 +277,8 @@ def run_bench(
         drafters: drafters already built, by spec (the others are built with
             :func:`~hf_spec.drafters.registry.make_drafter`; ``hybrid:SPEC`` reuses SPEC's drafter when it runs too).
         corpus: texts for the drafters that draft from a corpus (``suffix``, ``hybrid:...``).
+        sampling: with ``temperature > 0``, more sampling settings for every method, e.g. a shipped instruct
+            config's ``{"top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}``.
 
     Returns:
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
@@ -291,7 +294,8 @@ def run_bench(
                    for m in methods]
     key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
                       "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
-                      "temperature": temperature, "repeats": repeats, "draft_dtype": str(draft_dtype),
+                      "temperature": temperature, "sampling": sampling or {}, "repeats": repeats,
+                      "draft_dtype": str(draft_dtype),
                       "dtype": str(target.dtype), "seed": seed})
     saved = _Journal(journal, key)
     done = saved.load()
@@ -320,7 +324,8 @@ def run_bench(
         if target.device.type not in ("cpu", "meta"):
             hf_draft.to(target.device)
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
-    gen_kwargs.update(dict(temperature=temperature) if temperature > 0 else dict(temperature=None, top_p=None, top_k=None))
+    gen_kwargs.update(dict(temperature=temperature, **(sampling or {})) if temperature > 0
+                      else dict(temperature=None, top_p=None, top_k=None))
 
     warm = chat_inputs(tokenizer, "Write one sentence about the sea.")
     for m in methods:  # one-time costs (allocations, kernels) land on nobody's measurement

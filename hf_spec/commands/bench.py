@@ -37,6 +37,13 @@ def run_bench_command(args) -> int:
         raise ValueError("--max-new-tokens, --per-category and --repeats must be >= 1")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
+    sampling = {name: value for name, value in (("top_p", args.top_p), ("top_k", args.top_k),
+                                                ("repetition_penalty", args.repetition_penalty)) if value is not None}
+    if sampling and args.temperature == 0:
+        raise ValueError("--top-p, --top-k and --repetition-penalty are sampling settings: give --temperature > 0 too")
+    if (args.top_p is not None and not 0 < args.top_p <= 1) or (args.top_k is not None and args.top_k < 1) \
+            or (args.repetition_penalty is not None and not args.repetition_penalty > 0):
+        raise ValueError("need 0 < --top-p <= 1, --top-k >= 1 and --repetition-penalty > 0")
     cats = args.categories.split(",") if args.categories else None
     questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
     if not questions:
@@ -48,13 +55,13 @@ def run_bench_command(args) -> int:
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
-                    journal=journal, corpus=corpus)
+                    journal=journal, corpus=corpus, sampling=sampling)
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
     config = dict(machine_info(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
                   categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
+                  temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
                   draft_dtype=str(draft_dtype).replace("torch.", ""), device_map=device_map, device=str(target.device),
                   command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
