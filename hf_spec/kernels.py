@@ -12,11 +12,14 @@ So the form is chosen by measuring, per machine and process: the first time a ro
 verify-sized input (2..128 float32 CPU rows), both forms are timed on that layer's own weight (at most
 2^24 elements of it: its first rows, for a vocabulary projection) with a random input of the row count
 rounded up to a power of two (the bucket: 2, 4, 8, .., 128): one warm-up and :data:`REPEATS` runs of
-each, alternating, medians compared. ``(W @ x.T).T`` is used only where its median is below
-``1 - MARGIN`` times ``F.linear``'s; the choice is cached per (weight shape, bucket, dtype) for the
-process (:func:`measured_forms`). One choice costs about 2 x 6 reads of the weight (~70 ms for a 8960 x
-1536 float32 matrix on a 2-core VM), once per shape and bucket; the timing is cache-warm, which favours
-neither form much for matrices beyond the CPU caches (the ones routed).
+each, alternating, fastest runs compared. ``(W @ x.T).T`` is used only where its fastest run is below
+``1 - MARGIN`` times ``F.linear``'s. The fastest, not the median: noise on a shared CPU only adds time,
+and on a 2-core VM with other processes running most runs of a ~1 ms product took a 24 ms scheduler
+slice (2026-12-01, docs/benchmarks.md), so medians compared the scheduler, not the forms. The choice is
+cached per (weight shape, bucket, dtype) for the process (:func:`measured_forms`). One choice reads the
+weight 12 times, once per shape and bucket, inside the first verify forward that needs it. The weight is
+cache-warm there, which a matrix small enough for the CPU caches is not in a real forward (other layers
+evict it).
 
 :func:`verify_linear` switches plain ``torch.nn.Linear`` modules of a model to that choice *only* inside a
 ``with`` block, and only for float32 CPU inputs of 2..128 rows (a batch's verify forward has B x (k+1));
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 import threading
 import time
 from typing import Callable
@@ -38,8 +40,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "measure_forms", "measured_forms",
-           "mm_is_faster",
-           "NEAR_TIE_BOUNDS"]
+           "mm_is_faster", "NEAR_TIE_BOUNDS"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -57,13 +58,13 @@ _MIN_ROWS, _MAX_ROWS = 2, 128
 _MIN_WEIGHT = 1 << 20
 #: a measurement times at most this many weight elements (64 MiB in float32): the first rows of a larger matrix
 _BENCH_MAX_WEIGHT = 1 << 24
-#: timed runs of each form per choice (after one warm-up each), alternating; their medians are compared
+#: timed runs of each form per choice (after one warm-up each), alternating; their fastest are compared
 REPEATS = 5
-#: (W @ x.T).T is used only where its median time is below (1 - MARGIN) x F.linear's
+#: (W @ x.T).T is used only where its fastest run is below (1 - MARGIN) x F.linear's
 MARGIN = 0.1
 _UPCAST_MIN_ROWS = 48
 
-#: (out_features, in_features, rows bucket, dtype) -> (F.linear median s, (W @ x.T).T median s)
+#: (out_features, in_features, rows bucket, dtype) -> (F.linear seconds, (W @ x.T).T seconds), fastest runs
 _MEASURED: dict[tuple, tuple[float, float]] = {}
 _MEASURE_LOCK = threading.Lock()
 
@@ -88,9 +89,9 @@ def _bucket(rows: int) -> int:
 
 @torch.no_grad()
 def measure_forms(weight: torch.Tensor, rows: int, repeats: int = REPEATS) -> tuple[float, float]:
-    """Median seconds of ``F.linear(x, W)`` and of ``(W @ x.T).T`` for a random ``x`` of ``rows`` rows, on
-    ``weight`` (at most its first 2^24 elements): one warm-up and ``repeats`` runs of each, alternating, each
-    timed by :func:`time_form`."""
+    """Seconds of the fastest run of ``F.linear(x, W)`` and of ``(W @ x.T).T`` for a random ``x`` of ``rows``
+    rows, on ``weight`` (at most its first 2^24 elements): one warm-up and ``repeats`` runs of each,
+    alternating, each timed by :func:`time_form`."""
     keep = max(1, min(weight.shape[0], _BENCH_MAX_WEIGHT // max(1, weight.shape[1])))
     w = weight.detach()[:keep]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
@@ -101,12 +102,12 @@ def measure_forms(weight: torch.Tensor, rows: int, repeats: int = REPEATS) -> tu
             t = time_form(name, fn)
             if i:  # the first run of each warms up
                 runs[name].append(t)
-    return statistics.median(runs["linear"]), statistics.median(runs["mm"])
+    return min(runs["linear"]), min(runs["mm"])
 
 
 def measured_forms() -> dict[tuple, tuple[float, float]]:
     """What this process measured so far: ``(out_features, in_features, rows bucket, dtype)`` ->
-    ``(F.linear median seconds, (W @ x.T).T median seconds)``; a key uses ``(W @ x.T).T`` where the second is
+    ``(F.linear seconds, (W @ x.T).T seconds)`` (fastest runs); a key uses ``(W @ x.T).T`` where the second is
     below ``(1 - MARGIN)`` times the first."""
     return dict(_MEASURED)
 
