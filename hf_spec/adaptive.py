@@ -27,21 +27,35 @@ over both would report the cheap mode while the expensive one costs, and keep sp
 Before each step it picks the k in ``k_min..k_max`` with the highest predicted speedup
 ``E[tokens per step] / (step cost(k) / T_1)`` (:func:`~hf_spec.tuning.expected_tokens_per_step`: the model of
 Leviathan et al. 2023 with measured costs), moving only when the gain beats a margin, so noise does not make
-it thrash. The first speculative steps use ``k_min`` (a first judgment costs least there where the drafter
-loses, which matters on short answers); then the drafter's own k is measured, so that the cost model of
-the other k rests on two measured points, if an optimistic model of it (drafting costs per step what it
-costs now) predicts a gain over the first k and over plain decoding: skipped where it cannot pay (an
-n-gram drafter on a short translation: 4 steps at k = 3 that accepted nothing cost 9% of an 18-token
-answer), taken even where k = 1 loses if a larger k could win (a draft model with a large per-step
-cost). For the k in use the step cost is measured, not modelled, so the prediction there is what the
+it thrash. For the k in use the step cost is measured, not modelled, so the prediction there is what the
 last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
+
+A drafter is never judged by its smallest k alone. The first speculative steps use ``k_min`` (a first
+judgment costs least there where the drafter loses, which matters on short answers: n-gram lookup on a
+writing prompt, a_1 ~ 0.02, is off after 4 steps at k = 1); then larger k are measured for one dwell each,
+once: the drafter's own k, then twice the largest k measured, up to ``k_max``, each when either of two
+optimistic models of it predicts a gain over the best prediction and over plain decoding:
+
+- drafting costs per step what it costs now (a draft model with a large per-step cost, whatever k);
+  skipped where even this cannot pay (an n-gram drafter on a short translation: 4 steps at k = 3 that
+  accepted nothing cost 9% of an 18-token answer);
+- only where no k is predicted to pay by the margin: a step at the larger k costs what a step at the
+  largest k measured costs (an upper bound). This fires on high acceptance: the tokens a longer draft
+  emits could pay for a per-step overhead that a model extrapolated from k = 1 charges once per drafted
+  token. Measured (issue 21): on an AVX-512 Xeon in float32 a step at k = 1 cost 2.23 T_1 (a draft forward
+  plus a verify forward far dearer than a plain step) and was predicted to lose (0.85x at a = 0.9); the
+  previous controller switched off and probed k = 1 again and again, never measuring k = 3, which won with
+  fixed k (draft model 1.06x, n-gram 1.40x, where auto reached 0.91x and 0.98x).
+
 When even the best k is predicted slower than plain decoding (low acceptance, a high temperature flattening
 the distributions, a batch large enough to make verification compute-bound, a drafter that costs more than
 it saves), speculation is switched off and plain decoding continues; after ``off_steps`` steps it probes
 again for ``dwell_steps`` steps and stays on if the prediction is back above 1, else switches off for twice
-as long (up to ``max_off_steps``): hysteresis. Every change is recorded as the event's ``policy``
-(``{"k", "reason", "predicted_speedup"}``), collected in ``SpecStats.policy_events`` and logged at DEBUG on
-the ``hf_spec`` logger.
+as long (up to ``max_off_steps``): hysteresis. A probe runs the k in use the last time speculation was
+predicted to pay (it asks whether the text is back to what it was then; at a smaller k it would judge
+the drafter by its worst k again), else the k that came closest; a probe may measure larger k as above.
+Every change is recorded as the event's ``policy`` (``{"k", "reason", "predicted_speedup"}``), collected in
+``SpecStats.policy_events`` and logged at DEBUG on the ``hf_spec`` logger.
 
 The output does not depend on k: every k goes through the same acceptance rule, so greedy output stays
 token-identical to the target's and sampled output keeps the target's distribution.
@@ -77,12 +91,12 @@ class AdaptiveK:
     Args:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
-        k_start: the k of the first speculative step (default ``k_min``). The drafter's own k is measured
-            next (when it differs and an optimistic model of it predicts a gain), so the cost model rests on
-            two measured k: a first
-            judgment at the cheapest k costs least where the drafter loses (short answers), and a model
-            fitted through one small k alone can extrapolate the cost of larger ones pessimistically (a
-            per-step drafting overhead, a concave verify cost: the unit tests' synthetic drafters).
+        k_start: the k of the first speculative step (default ``k_min``). Larger k are measured next (the
+            drafter's own k, then twice the largest measured, when an optimistic model of them predicts a
+            gain: the module docstring), so the cost model rests on measured k: a first judgment at the
+            cheapest k costs least where the drafter loses (short answers), and a model fitted through one
+            small k alone can extrapolate the cost of larger ones pessimistically (a per-step drafting or
+            verify overhead, a concave verify cost: the unit tests' synthetic drafters).
         decay: per-step weight kept by past acceptance counts (0 < decay < 1; 0.97 ~ the last 33 steps).
         window: T_1, T_verify(n) and the step times are medians of this many latest measurements
             (``>= plain_steps``).
@@ -96,8 +110,9 @@ class AdaptiveK:
             ~10% on a busy CPU; their median is the start value).
         refresh_steps: after this many speculative steps without a plain one, one step is plain, to measure
             T_1 again (a ``"refresh"`` policy record): costs ~1/refresh_steps of the gain.
-        dwell_steps: steps a new k (or a probe, made at the k that came closest when switching off) is kept and measured before the next
-            decision: the smoothing that stops thrashing, with ``margin`` and the decayed counts.
+        dwell_steps: steps a new k (or a probe, made at the k that last paid, else the k that came closest
+            when switching off) is kept and measured before the next decision: the smoothing that stops
+            thrashing, with ``margin`` and the decayed counts.
 
     Raises:
         ValueError: a bound or setting out of range (NaN included).
@@ -136,7 +151,7 @@ class AdaptiveK:
         """Forget everything (called by the loop at the start of each generate call).
 
         Args:
-            drafter_k: the drafter's own k, measured second when the first k pays (default 3).
+            drafter_k: the drafter's own k, the first larger k measured (default 3).
             drafter_k_max: the most the drafter can propose (``None``: no limit).
         """
         self.hi = min(self.k_max, drafter_k_max) if drafter_k_max else self.k_max
@@ -154,6 +169,7 @@ class AdaptiveK:
         self.steps_in_mode = 0
         self.off_length = self.off_steps
         self.probe_k = self.lo
+        self.paid_k: int | None = None  # the k in use when a judgment last found speculation paying
         self.pending: dict | None = None
         self.since_plain = 0  # decode steps since the last plain one
 
@@ -310,20 +326,18 @@ class AdaptiveK:
         model = self.model()  # once per step, shared by every k
         best, speed = max(((k, self.predicted_speedup(k, model)) for k in range(self.lo, self.hi + 1)),
                           key=lambda t: (t[1], -t[0]))
-        if self.mode == "on" and self.explore not in self._step:
-            # measure the drafter's own k once as well, unless even an optimistic model of it (drafting costs
-            # per step what it costs now, whatever k) predicts no gain over the k measured, nor over plain
-            # decoding: a drafter with a large per-step cost can lose at k = 1 and win at larger k
-            step_draft = self._median(self._draft.get(self.k, [])) or 0.0
-            hopeful = self.predicted_speedup(self.explore, model._replace(draft_line=(step_draft, 0.0)))
-            if hopeful > max(speed, self.off_below) * (1 + self.margin):
-                self._set(self.explore, "on", f"predicted {speed:.2f}x (k={self.explore}: up to {hopeful:.2f}x): "
-                                              f"measure k={self.explore} too", speed)
+        larger = self._next_to_measure()
+        if larger is not None:
+            reason = self._worth_measuring(larger, speed, model)
+            if reason:  # a probe that measures a larger k stays a probe: judged (and doubled) as one
+                self._set(larger, "probe" if self.mode == "probe" else "on", reason, speed)
                 return self.k, self.pending
         if speed < self.off_below * (1 - self.margin) or (self.mode == "probe" and speed < self.off_below):
             if self.mode == "probe":
                 self.off_length = min(self.max_off_steps, 2 * self.off_length)
-            self.probe_k = best  # the next probe tries the k that came closest
+            # the next probe runs the k that paid last (a probe asks whether the text is back to what it was
+            # then; at a smaller k it would judge the drafter by its worst k again), else the k that came closest
+            self.probe_k = self.paid_k or best
             self._set(0, "off", f"best k={best} predicted {speed:.2f}x < {self.off_below:.2f}x "
                                 f"(a_1={model.acceptance[0]:.2f}, step cost={self.step_cost(best, model):.2f} T_1)",
                       speed)
@@ -331,11 +345,57 @@ class AdaptiveK:
         if self.mode == "probe":
             self.off_length = self.off_steps
             self._set(best, "on", f"probe predicted {speed:.2f}x at k={best}", speed)
-            return self.k, self.pending
-        current = self.predicted_speedup(self.k, model)
-        if best != self.k and speed > current * (1 + self.margin):
-            self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
+        else:
+            current = self.predicted_speedup(self.k, model)
+            if best != self.k and speed > current * (1 + self.margin):
+                self._set(best, "on", f"k {self.k}->{best}: predicted {speed:.2f}x vs {current:.2f}x", speed)
+        if self.predicted_speedup(self.k, model) >= self.off_below:
+            self.paid_k = self.k
         return self.k, self.pending
+
+    def _next_to_measure(self) -> int | None:
+        """The larger k to measure next, or ``None``: the drafter's own k until it is measured, then twice the
+        largest k measured (capped at ``k_max``), once each."""
+        if not self._step:
+            return None
+        largest = max(self._step)
+        nxt = self.explore if largest < self.explore else min(self.hi, 2 * largest)
+        return nxt if nxt > largest and nxt not in self._step else None
+
+    def _worth_measuring(self, k: int, speed: float, model: _Model) -> str | None:
+        """Why a larger, unmeasured ``k`` should be measured for a dwell before the next judgment, or ``None``.
+
+        Two optimistic models of a step at ``k``; either predicting a gain (over the best predicted speedup and
+        over ``off_below``, by ``margin``) is enough:
+
+        - drafting costs per step what it costs now at the k in use, whatever k (verifying as modelled):
+          a draft model with a large per-step cost can lose at k = 1 and win at larger k;
+        - only where no k is predicted to pay by ``margin`` (the judgment is about to switch speculation off or
+          keep a k that barely pays): a step at ``k`` costs what a step at the largest k measured costs (an
+          upper bound: a larger k never costs less). This is high acceptance at the positions seen: the
+          tokens a step emits could pay for a per-step overhead (a draft forward, a verify forward that
+          costs far more than a plain step whatever its positions) that a linear model extrapolated from
+          the smallest k charges once per drafted token. Measured: on an AVX-512 Xeon in float32, a step
+          at k = 1 cost 2.23 T_1 and lost (0.85x predicted at a = 0.9), while fixed k = 3 won (1.06x);
+          the linear model never let k = 3 be measured. Where k already pays by ``margin`` this model is not
+          used: measuring k = 3 for a dwell where k = 1 paid 1.14x (n-gram on a short translation, first
+          token accepted half the time, the next 10%) cost 9% of an 18-token answer.
+        """
+        largest = max(self._step)
+        step_draft = self._median(self._draft.get(self.k, [])) or 0.0
+        gain = max(speed, self.off_below) * (1 + self.margin)
+        hopeful = self.predicted_speedup(k, model._replace(draft_line=(step_draft, 0.0)))
+        if hopeful > gain:
+            return f"predicted {speed:.2f}x (k={k}: up to {hopeful:.2f}x): measure k={k} too"
+        bound = expected_tokens_per_step(model.acceptance, k) / max(1e-9, self.step_cost(largest, model))
+        if speed < self.off_below * (1 + self.margin) and bound > gain:
+            return (f"predicted {speed:.2f}x, but a_1..{largest}={_rates(model.acceptance[:largest])} could pay at "
+                    f"k={k} (up to {bound:.2f}x at the step cost of k={largest}): measure k={k} too")
+        return None
+
+
+def _rates(rates: list[float]) -> str:
+    return "/".join(f"{a:.2f}" for a in rates)
 
 
 class CycleK(AdaptiveK):

@@ -1,17 +1,31 @@
-"""A faster linear layer for verify forwards of a few positions on the CPU (float32).
+"""A faster linear layer for verify forwards of a few positions on the CPU (float32), where it is faster.
 
 Verifying k+1 drafted positions should cost about one decode step: decoding is bound by reading the
-weights, and k+1 rows read them once. On CPUs without native bfloat16 (AVX2), PyTorch's float32
-``F.linear`` (``x @ W.T``) for 2..16 rows does not behave that way: on the 2-core machine this project is
-developed on, one Qwen2.5-Coder-1.5B forward over 2 positions took 2.1x a one-position forward, over 4
-positions 3.6x. Computing the same product as ``(W @ x.T).T`` reads the weight matrix once for all rows
-(1.6x for 4 positions, measured side by side; see docs/benchmarks.md).
+weights, and k+1 rows read them once. On some CPUs PyTorch's float32 ``F.linear`` (``x @ W.T``) for 2..16
+rows does not behave that way: on an AVX2 machine this project was developed on, one Qwen2.5-Coder-1.5B
+forward over 2 positions took 2.1x a one-position forward, over 4 positions 3.6x, while computing the same
+product as ``(W @ x.T).T`` read the weight matrix once for all rows (1.6x for 4 positions; see
+docs/benchmarks.md). On others it is the other way round: on an AVX-512 Xeon hf-spec's float32 verify step
+with that form was slower than transformers' (TPOT 223 ms against 188 ms at k = 3).
 
-:func:`verify_linear` switches plain ``torch.nn.Linear`` modules of a model to that form *only* inside a
-``with`` block, and only for float32 CPU inputs of 2..128 rows (a batch's verify forward has B x (k+1)); everywhere else (plain decoding, prefill,
-other devices, quantized or hooked linear layers) the module runs its own ``forward``. The result is the
-same product with another summation order: float32 rounding differences (~1e-6 relative), which the
-greedy exactness tests bound as near-ties.
+So the form is chosen by measuring, per machine and process: the first time a routed layer sees a
+verify-sized input (2..128 float32 CPU rows), both forms are timed on that layer's own weight (at most
+2^24 elements of it: its first rows, for a vocabulary projection) with a random input of the row count
+rounded up to a power of two (the bucket: 2, 4, 8, .., 128): one warm-up and :data:`REPEATS` runs of
+each, alternating, fastest runs compared. ``(W @ x.T).T`` is used only where its fastest run is below
+``1 - MARGIN`` times ``F.linear``'s. The fastest, not the median: noise on a shared CPU only adds time,
+and on a 2-core VM with other processes running most runs of a ~1 ms product took a 24 ms scheduler
+slice (2026-12-01, docs/benchmarks.md), so medians compared the scheduler, not the forms. The choice is
+cached per (weight shape, bucket, dtype) for the process (:func:`measured_forms`). One choice reads the
+weight 12 times, once per shape and bucket, inside the first verify forward that needs it. The weight is
+cache-warm there, which a matrix small enough for the CPU caches is not in a real forward (other layers
+evict it).
+
+:func:`verify_linear` switches plain ``torch.nn.Linear`` modules of a model to that choice *only* inside a
+``with`` block, and only for float32 CPU inputs of 2..128 rows (a batch's verify forward has B x (k+1));
+everywhere else (plain decoding, prefill, other devices, quantized or hooked linear layers) the module runs
+its own ``forward``. Either form is the same product with another summation order: float32 rounding
+differences (~1e-6 relative), which the greedy exactness tests bound as near-ties.
 """
 
 from __future__ import annotations
@@ -19,11 +33,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "NEAR_TIE_BOUNDS"]
+__all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "measure_forms", "measured_forms",
+           "mm_is_faster", "NEAR_TIE_BOUNDS"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -34,20 +51,86 @@ __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "
 NEAR_TIE_BOUNDS = {"float32": 1e-3, "bfloat16": 0.5, "awq": 1.0}
 
 _STATE = threading.local()
-#: up to 128 rows (a batch of 16 verifying 8 positions each): (W @ x.T).T measured as fast or faster than
-#: F.linear for 2..128 rows on Qwen2.5-1.5B's shapes here (e.g. 32 rows x 1536 -> 8960: 15 ms against 24 ms)
+#: verify forwards of 2..128 rows (a batch of 16 verifying 8 positions each) are candidates for (W @ x.T).T
 _MIN_ROWS, _MAX_ROWS = 2, 128
-#: only weights of at least this many elements are routed: smaller ones stay in the CPU caches, where
-#: F.linear is as fast or faster (measured on SmolLM2's 576x576 projections)
+#: only weights of at least this many elements are candidates: smaller ones stay in the CPU caches, where
+#: F.linear is as fast or faster (measured on SmolLM2's 576x576 projections), and are not worth a measurement
 _MIN_WEIGHT = 1 << 20
+#: a measurement times at most this many weight elements (64 MiB in float32): the first rows of a larger matrix
+_BENCH_MAX_WEIGHT = 1 << 24
+#: timed runs of each form per choice (after one warm-up each), alternating; their fastest are compared
+REPEATS = 5
+#: (W @ x.T).T is used only where its fastest run is below (1 - MARGIN) x F.linear's
+MARGIN = 0.1
 _UPCAST_MIN_ROWS = 48
+
+#: (out_features, in_features, rows bucket, dtype) -> (F.linear seconds, (W @ x.T).T seconds), fastest runs
+_MEASURED: dict[tuple, tuple[float, float]] = {}
+_MEASURE_LOCK = threading.Lock()
+
+
+def _mm_form(weight: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
+    """``x2d @ weight.T`` computed as ``(weight @ x2d.T).T`` (one pass over the weight for all rows)."""
+    return torch.mm(weight, x2d.t()).t()
+
+
+def time_form(name: str, fn: Callable[[], torch.Tensor]) -> float:
+    """Seconds one call of ``fn`` takes (``name``: ``"linear"`` or ``"mm"``, the form it computes). Tests
+    replace this module attribute with a synthetic timer."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _bucket(rows: int) -> int:
+    """``rows`` rounded up to a power of two (2, 4, .., 128)."""
+    return 1 << (rows - 1).bit_length()
+
+
+@torch.no_grad()
+def measure_forms(weight: torch.Tensor, rows: int, repeats: int = REPEATS) -> tuple[float, float]:
+    """Seconds of the fastest run of ``F.linear(x, W)`` and of ``(W @ x.T).T`` for a random ``x`` of ``rows``
+    rows, on ``weight`` (at most its first 2^24 elements): one warm-up and ``repeats`` runs of each,
+    alternating, each timed by :func:`time_form`."""
+    keep = max(1, min(weight.shape[0], _BENCH_MAX_WEIGHT // max(1, weight.shape[1])))
+    w = weight.detach()[:keep]
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+    forms = {"linear": lambda: F.linear(x, w), "mm": lambda: _mm_form(w, x)}
+    runs: dict[str, list[float]] = {name: [] for name in forms}
+    for i in range(repeats + 1):
+        for name, fn in forms.items():
+            t = time_form(name, fn)
+            if i:  # the first run of each warms up
+                runs[name].append(t)
+    return min(runs["linear"]), min(runs["mm"])
+
+
+def measured_forms() -> dict[tuple, tuple[float, float]]:
+    """What this process measured so far: ``(out_features, in_features, rows bucket, dtype)`` ->
+    ``(F.linear seconds, (W @ x.T).T seconds)`` (fastest runs); a key uses ``(W @ x.T).T`` where the second is
+    below ``(1 - MARGIN)`` times the first."""
+    return dict(_MEASURED)
+
+
+def mm_is_faster(weight: torch.Tensor, rows: int) -> bool:
+    """Whether ``(W @ x.T).T`` beats ``F.linear`` by :data:`MARGIN` on ``weight`` for ``rows`` rows on this
+    machine: measured (:func:`measure_forms`, with the row count rounded up to a power of two) the first time
+    a shape, bucket and dtype are asked about, then cached for the process."""
+    key = (weight.shape[0], weight.shape[1], _bucket(rows), weight.dtype)
+    times = _MEASURED.get(key)
+    if times is None:
+        with _MEASURE_LOCK:  # one measurement at a time: concurrent ones would time each other
+            times = _MEASURED.get(key)
+            if times is None:
+                times = _MEASURED[key] = measure_forms(weight, key[2])
+    return times[1] < (1 - MARGIN) * times[0]
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if getattr(_STATE, "active", False) and x.dtype == torch.float32 and x.device.type == "cpu":
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if _MIN_ROWS <= rows <= _MAX_ROWS:
-            y = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t()
+        if _MIN_ROWS <= rows <= _MAX_ROWS and mm_is_faster(module.weight, rows):
+            y = _mm_form(module.weight, x.reshape(rows, x.shape[-1]))
             y = y.reshape(*x.shape[:-1], module.out_features)
             return y if module.bias is None else y + module.bias
     return F.linear(x, module.weight, module.bias)
@@ -55,7 +138,9 @@ def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def install_verify_linear(model: torch.nn.Module) -> int:
     """Route the model's plain ``nn.Linear`` modules of at least 2^20 weights through the verify-aware
-    forward (idempotent).
+    forward (idempotent): inside :func:`verify_linear`, ``(W @ x.T).T`` where measured faster on this
+    machine (the module docstring), else ``F.linear``. Nothing is measured here: the first verify-sized
+    input of each weight shape and rows bucket is.
 
     Subclasses of ``nn.Linear`` (bitsandbytes, AWQ/GPTQ kernels) and modules with accelerate hooks keep
     their own forward. Outside :func:`verify_linear` the routed forward is exactly ``F.linear``.
@@ -84,7 +169,8 @@ def _route(model: torch.nn.Module, forward, min_weight: int = 0) -> int:
 
 @contextlib.contextmanager
 def verify_linear(enabled: bool = True):
-    """Inside the block, routed linear layers use ``(W @ x.T).T`` for 2..128 float32 CPU rows."""
+    """Inside the block, routed linear layers use ``(W @ x.T).T`` for 2..128 float32 CPU rows where it was
+    measured faster than ``F.linear`` on this machine (for that weight shape and rows bucket)."""
     previous = getattr(_STATE, "active", False)
     _STATE.active = enabled
     try:

@@ -172,6 +172,72 @@ def test_a_drafter_that_loses_at_k1_but_wins_at_larger_k_is_measured_there():
     assert Counter(ks[50:])[0] <= 3 and min(k for k in ks[50:] if k) >= 6, Counter(ks[50:])  # 0: T_1 re-measured
 
 
+def xeon_verify(n):
+    """A verify forward that costs far more than a plain step whatever its positions: 1.5 T_1 for 2, then
+    0.1 T_1 per position (float32 on an AVX-512 Xeon, where hf-spec's verify linear layers were slower than
+    F.linear)."""
+    return 1.0 if n == 1 else 1.5 + 0.1 * (n - 2)
+
+
+@pytest.mark.parametrize("draft_overhead, c, verify, acceptance", [
+    (0.7, 0.05, xeon_verify, 0.9),  # a draft model: 2.25 T_1 at k = 1 (0.84x), k = 3 1.35x, k = 8 1.86x
+    (0.0, 0.0, lambda n: 1.0 if n == 1 else 1.9 + 0.05 * (n - 2), 0.8),  # n-gram: k = 1 0.95x, k = 3 1.47x
+])
+def test_a_drafter_that_loses_at_k1_by_a_per_step_overhead_is_measured_at_larger_k(draft_overhead, c, verify,
+                                                                                     acceptance):
+    """The Xeon failure (float32, AVX-512): a step at k = 1 costs a draft forward plus a verify forward far
+    dearer than a plain step, 2.23 T_1, and loses (0.85x at a = 0.9); at k = 3 the same overhead buys 3.4
+    tokens instead of 1.9, and fixed k = 3 won. A model extrapolated from k = 1 alone charges the overhead
+    once per drafted token and predicted every larger k to lose: auto switched off and every probe went back
+    to k = 1. Acceptance is high, so a step at k = 3 could pay even at k = 1's cost: auto measures it (or,
+    where 4 steps at k = 1 happened to accept half their drafts, its first probe does), and stays on at
+    k >= 3."""
+    true = {k: expected_tokens_per_step(acceptance, k) / (verify(k + 1) + draft_overhead + c * k) for k in range(1, 9)}
+    assert true[1] < 1.0 < 1.3 < true[3]  # the premise: k = 1 loses, k = 3 wins
+    measured_at_once = 0
+    for seed in range(5):
+        ks, decisions = simulate(AdaptiveK(), lambda step: [acceptance] * 8, c, verify, steps=120, seed=seed,
+                                 draft_overhead=draft_overhead, drafter_k=3)
+        if ks[7] == 3:
+            assert "measure k=3 too" in decisions[2]["reason"], decisions[:3]
+            assert not any(d["mode"] == "off" for d in decisions), decisions
+            measured_at_once += 1
+        late = Counter(ks[40:])
+        assert late[0] <= 1 and min(k for k in late if k) >= 3, late  # on (0: one plain step re-measures T_1)
+        assert all(true[k] >= 1.3 for k in late if k), (late, true)
+    assert measured_at_once >= 4
+
+
+@pytest.mark.parametrize("acceptance, last_off_step", [(0.02, 8), (0.4, 12)])
+def test_a_drafter_that_pays_at_no_k_is_switched_off_within_a_few_steps(acceptance, last_off_step):
+    """With the Xeon costs above, no k pays at these acceptances (at best 0.63x and 0.78x). A drafter that is
+    almost never right (n-gram lookup on a writing prompt) is switched off after the first judgment at k = 1,
+    at step 8; at a = 0.4 a step at the drafter's k = 3 may look able to pay at k = 1's cost (1.03x) when
+    the 4 steps at k = 1 accepted more than 40%: then k = 3 is measured for one dwell, and it is off by step
+    12. After that it stays mostly off, with probes."""
+    for seed in range(5):
+        ks, decisions = simulate(AdaptiveK(), lambda step: [acceptance] * 8, 0.05, xeon_verify, steps=200,
+                                 draft_overhead=0.7, drafter_k=3, seed=seed)
+        first_off = next(d["step"] for d in decisions if d["mode"] == "off")
+        assert first_off <= last_off_step and ks[:7] == [0, 0, 0, 1, 1, 1, 1], (ks[:16], decisions[:4])
+        assert Counter(ks[50:])[0] >= 120, Counter(ks[50:])
+
+
+def test_a_probe_runs_the_k_that_paid_last():
+    """The Xeon costs, the draft right 90% of the time for 60 steps, then 10% (speculation off), then 90%
+    again. Probes ask whether the text is back to what it was when speculation paid, so they run the k that
+    paid then (>= 3), not k = 1, which loses here whatever the acceptance; the last probe turns it back on."""
+    for seed in range(3):
+        ks, decisions = simulate(AdaptiveK(), lambda step: [0.9] * 8 if step <= 60 or step > 150 else [0.1] * 8,
+                                 0.05, xeon_verify, steps=260, draft_overhead=0.7, drafter_k=3, seed=seed)
+        assert min(k for k in ks[20:60] if k) >= 3, ks[20:60]  # it paid at k >= 3
+        assert any(d["mode"] == "off" and 60 < d["step"] <= 100 for d in decisions), decisions
+        probes = [d for d in decisions if d["mode"] == "probe" and d["step"] > 60]
+        assert len(probes) >= 2 and all(d["k"] >= 3 for d in probes), probes
+        late = Counter(ks[-40:])
+        assert late[0] <= 1 and min(k for k in late if k) >= 3, late  # back on
+
+
 def test_a_start_measured_on_a_slow_moment_does_not_keep_speculation_on():
     """Two of the 3 plain steps that measure T_1 come out twice as slow (a busy machine); while speculation is
     on there are no plain steps to correct it. A drafter that is never right and costs 0.5 T_1 per step plus

@@ -1,13 +1,65 @@
 """The verify-friendly linear layer: same product (float32 rounding only), active only where intended."""
 
+import pytest
 import torch
 
-from hf_spec.kernels import install_upcast_prefill, install_verify_linear, verify_linear
+from hf_spec import kernels
+from hf_spec.kernels import install_upcast_prefill, install_verify_linear, measured_forms, verify_linear
 
 from .conftest import tiny_llama
 
 
-def test_verify_linear_matches_f_linear_and_is_gated():
+def synthetic_timer(monkeypatch, linear_s: float, mm_s: float) -> list[str]:
+    """Replace the clock of the forms' measurement: every run of F.linear takes ``linear_s``, every run of
+    (W @ x.T).T ``mm_s`` (nothing is run); measurements start from an empty cache and do not outlive the
+    test. Returns the names of the forms timed, in order."""
+    timed = []
+    monkeypatch.setattr(kernels, "time_form", lambda name, fn: timed.append(name) or {"linear": linear_s,
+                                                                                       "mm": mm_s}[name])
+    monkeypatch.setattr(kernels, "_MEASURED", {})
+    return timed
+
+
+@pytest.mark.parametrize("linear_s, mm_s, routed", [
+    (1.0, 2.0, False),  # F.linear faster: nothing routed
+    (2.0, 1.0, True),  # (W @ x.T).T faster: routed
+    (1.0, 0.95, False),  # (W @ x.T).T faster, but by less than the margin (10%)
+])
+def test_the_form_is_chosen_by_measuring_it(monkeypatch, linear_s, mm_s, routed):
+    timed = synthetic_timer(monkeypatch, linear_s, mm_s)
+    used = []
+    real_mm_form = kernels._mm_form
+    monkeypatch.setattr(kernels, "_mm_form", lambda w, x: used.append(x.shape[0]) or real_mm_form(w, x))
+    lin = torch.nn.Linear(1024, 2048)
+    assert install_verify_linear(torch.nn.Sequential(lin)) == 1
+    xs = [torch.randn(m, 1024) for m in (3, 4, 5, 1)]
+    with torch.no_grad(), verify_linear():
+        ys = [lin(x) for x in xs]
+        lin(xs[0])  # measured already: not again
+    assert used == ([3, 4, 5, 3] if routed else [])  # never for one row
+    # 3 and 4 rows share the bucket of 4, 5 rows are in the bucket of 8; one row is never measured
+    assert sorted(measured_forms()) == [(2048, 1024, 4, torch.float32), (2048, 1024, 8, torch.float32)]
+    assert set(measured_forms().values()) == {(linear_s, mm_s)}
+    assert timed.count("linear") == timed.count("mm") == 2 * (kernels.REPEATS + 1)  # a warm-up each
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_measurement_runs_both_forms_on_at_most_2_24_weights(monkeypatch):
+    """Both forms run on the weight itself, a vocabulary projection's on its first 2^24 elements only (the
+    timer here runs them and reports their output shapes instead of times)."""
+    shapes = []
+    monkeypatch.setattr(kernels, "time_form", lambda name, fn: shapes.append((name, tuple(fn().shape))) or 1.0)
+    weight = torch.randn((1 << 24) // 512 + 64, 512)
+    assert kernels.measure_forms(weight, 4, repeats=2) == (1.0, 1.0)
+    assert shapes == [("linear", (4, 32768)), ("mm", (4, 32768))] * 3
+    shapes.clear()
+    kernels.measure_forms(weight[:100], 2, repeats=1)
+    assert shapes == [("linear", (2, 100)), ("mm", (2, 100))] * 2
+
+
+def test_verify_linear_matches_f_linear_and_is_gated(monkeypatch):
+    synthetic_timer(monkeypatch, 2.0, 1.0)  # (W @ x.T).T measured faster
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 1024)
     ref = {m: lin(torch.ones(m, 1024)) for m in (1, 3, 16, 200)}

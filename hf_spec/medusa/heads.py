@@ -61,6 +61,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..kernels import mm_is_faster
+
 __all__ = ["MedusaConfig", "MedusaHeads", "MedusaCheckpointError", "ResBlock", "VARIANTS", "heads_path",
            "SHIPPED_DIR"]
 
@@ -437,10 +439,11 @@ def _in_features(linear) -> int:
 
 
 def _project(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` for ``x [..., H]``; a few float32 CPU rows as ``(W @ x.T).T``, which reads W once
-    (see :mod:`hf_spec.kernels`)."""
+    """``x @ W.T`` for ``x [..., H]``; a few float32 CPU rows as ``(W @ x.T).T`` where that was measured
+    faster on this machine (:func:`hf_spec.kernels.mm_is_faster`)."""
     rows = x.numel() // x.shape[-1]
-    if x.device.type == "cpu" and x.dtype == torch.float32 and 2 <= rows <= 128 and not x.requires_grad:
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and 2 <= rows <= 128 and not x.requires_grad
+            and mm_is_faster(W, rows)):
         return torch.mm(W, x.reshape(rows, -1).t()).t().reshape(*x.shape[:-1], W.shape[0])
     return torch.nn.functional.linear(x, W)
 
