@@ -169,7 +169,7 @@ def _add_bench(sub) -> None:
     ks.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",
                     help="k for every method: an integer >= 1 (default: each method's own: a drafter's, 3 or a "
                          "Medusa checkpoint's head count; 3 for transformers' peers), or auto (hf-spec's methods "
-                         "choose k per step; transformers' peers have none: use --k-sweep 3,auto)")
+                         "choose k per step; transformers' peers, which have none, then run at their default 3; --k-sweep 3,auto runs them at 3 only)")
     ks.add_argument("--k", type=_k_arg, dest="k", action=_DeprecatedFlag, replacement="-k/--num-speculative-tokens")
     ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")

@@ -464,7 +464,8 @@ def build_app(models: DemoModels):
 def load_models(target: str, draft: str | None, medusa: str | None, dtype: str = "auto",
                 device_map: str | None = None, log: str | None = None) -> DemoModels:
     """Load the target by short name, folder or hub name, and build its drafters with the drafter registry:
-    n-gram lookup always, ``draft:DRAFT`` and ``medusa:MEDUSA`` when named.
+    n-gram lookup and the suffix drafter always, ``draft:DRAFT`` (and the hybrid drafter over it) and
+    ``medusa:MEDUSA`` when named.
 
     Args:
         device_map: ``--device-map`` (:func:`hf_spec.device.resolve_device_map`; default: ``auto`` when CUDA is
@@ -475,7 +476,9 @@ def load_models(target: str, draft: str | None, medusa: str | None, dtype: str =
         ValueError: a bad drafter spec (e.g. no such Medusa heads) or device map, before the target loads.
     """
     from .device import resolve_device_map, resolve_dtype
+    from .drafters.hybrid import HybridDrafter
     from .drafters.registry import make_drafter, parse_drafter
+    from .drafters.suffix import SuffixDrafter
     from .models import load
 
     device_map = resolve_device_map(device_map)
@@ -484,6 +487,9 @@ def load_models(target: str, draft: str | None, medusa: str | None, dtype: str =
     parsed = {label: parse_drafter(spec) for label, spec in specs.items() if spec}  # fail before loading
     model, tok = load(target, dtype=resolve_dtype(dtype, device_map), device_map=device_map)
     drafters = {label: make_drafter(spec, target=model, tokenizer=tok) for label, spec in parsed.items()}
+    drafters["suffix"] = SuffixDrafter()
+    if "draft model" in drafters:  # the same draft model in memory once
+        drafters["hybrid"] = HybridDrafter(drafters["draft model"])
     names = {"target": target} | ({"draft": draft} if draft else {}) | ({"medusa": medusa} if medusa else {})
     return DemoModels(model, tok, drafters, names, log=RunLog(log))
 

@@ -37,8 +37,8 @@ def test_parse_methods():
     auto = parse_methods("draft:smollm2-135m,hf-prompt-lookup", [3, "auto"])
     assert [m.name for m in auto] == ["baseline", "draft:smollm2-135m@k=3", "draft:smollm2-135m@k=auto",
                                       "hf-prompt-lookup@k=3"]  # transformers' peers have no k=auto
-    with pytest.raises(ValueError, match="no k=auto"):
-        parse_methods("ngram,hf-prompt-lookup", ["auto"])
+    auto_only = parse_methods("ngram,hf-prompt-lookup", ["auto"])  # the peers have no auto: their default k
+    assert [(m.name, m.k) for m in auto_only] == [("baseline", None), ("ngram", "auto"), ("hf-prompt-lookup", 3)]
     mixed = parse_methods("suffix,hybrid:draft:smollm2-135m,hybrid:medusa:smollm2-135m", [None])[1:]
     assert [(m.name, m.spec, m.k) for m in mixed] == [("suffix", "suffix", 3),
                                                       ("hybrid:draft:smollm2-135m", "hybrid:draft:smollm2-135m", 3),

@@ -64,7 +64,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
 
     ``ks == [None]`` (no k given): each method at its own default, a drafter's own k
     (:meth:`~hf_spec.drafters.base.Drafter.spec_num_speculative_tokens`: 3, a Medusa checkpoint's head count)
-    and :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS` for transformers' peers.
+    and :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS` for transformers' peers. ``ks == ["auto"]``:
+    hf-spec's methods at ``"auto"``, transformers' peers (which have no such mode) at that default; in a sweep
+    with ``auto``, the peers run at the sweep's fixed ks only.
 
     Raises:
         ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
@@ -86,8 +88,6 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
         if n in PEERS:
             if n == "hf-assisted" and draft_name is None:
                 raise ValueError("hf-assisted needs a draft model: add draft:NAME to --methods or pass --draft NAME")
-            if ks == ["auto"]:
-                raise ValueError(f"{n} has no k=auto; compare at fixed k with e.g. --k-sweep 3,5,auto")
             kind, arg = n, (draft_name if n == "hf-assisted" else None)
         else:
             if n.partition(":")[0] not in DRAFTERS and n != "none":
@@ -100,7 +100,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
             kind, arg = "hf-spec", str(parsed)
         for k in ks:
             if k == "auto" and kind in PEERS:
-                continue  # transformers' peers run at the fixed ks only
+                if len(ks) > 1:
+                    continue  # transformers' peers run at the fixed ks of a sweep only
+                k = None  # -k auto: hf-spec's methods choose k, transformers' peers run at their default
             if k is None:  # no k given: the method's own
                 k = parsed.cls.spec_num_speculative_tokens(parsed.argument) if kind == "hf-spec" else \
                     DEFAULT_NUM_SPECULATIVE_TOKENS
