@@ -75,3 +75,30 @@ def test_the_sampling_test_fails_for_a_wrong_rule(monkeypatch):
     monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
     counts = C.sampled_counts(target, C.make_drafter("draft model", target, draft, 2), SAMPLING_RUNS, seed=1)
     assert pvalue(counts, exact) < ALPHA
+
+
+def test_hybrid_sampling_in_a_batch_is_distribution_exact():
+    """The hybrid drafter in a batch under an instruct config's sampling: rows take suffix drafts (one-hot q) or
+    the draft model's (sampled q) in the same step, and every row keeps the target's distribution."""
+    arch = SAMPLING_SUBSET[0]
+    target, draft = C.build(arch), C.build(arch, noise=0.05)
+    exact = C.exact_distribution(target)
+    sources = []
+    drafter = C.make_drafter("hybrid", target, draft, 2)
+    start = drafter.start
+
+    def recording_start(*args, **kwargs):  # see each step's per-row sources
+        session = start(*args, **kwargs)
+        draft_step = session.draft
+
+        def draft_and_record(sequences, k):
+            out = draft_step(sequences, k)
+            sources.append(list(session.last_sources))
+            return out
+        session.draft = draft_and_record
+        return session
+
+    drafter.start = recording_start
+    counts = C.sampled_counts(target, drafter, SAMPLING_RUNS, seed=2)
+    assert pvalue(counts, exact) > ALPHA
+    assert any("suffix" in step and "draft" in step for step in sources)  # both kinds of rows in one step
