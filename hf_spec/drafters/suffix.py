@@ -82,7 +82,7 @@ class SuffixDrafter(Drafter):
     most_recent = False
 
     def __init__(self, num_speculative_tokens: int | None = None, *, corpus=None, tokenizer=None,
-                 remember_outputs: int = 0, max_match: int = 16, min_match: int = 1, max_spec_factor: float = 2.0,
+                 remember_outputs: int = 0, max_match: int = 16, min_match: int = 1, max_spec_factor: float = 4.0,
                  min_token_prob: float = 0.1):
         super().__init__(num_speculative_tokens)
         if not (isinstance(min_match, int) and isinstance(max_match, int) and 1 <= min_match <= max_match):
