@@ -77,9 +77,12 @@ def test_the_sampling_test_fails_for_a_wrong_rule(monkeypatch):
     assert pvalue(counts, exact) < ALPHA
 
 
-def test_hybrid_sampling_in_a_batch_is_distribution_exact():
+def test_hybrid_sampling_in_a_batch_is_distribution_exact(monkeypatch):
     """The hybrid drafter in a batch under an instruct config's sampling: rows take suffix drafts (one-hot q) or
     the draft model's (sampled q) in the same step, and every row keeps the target's distribution."""
+    # the 3 tokens of this test cannot repay the draft model's prompt prefill, so the hybrid drafter would rightly
+    # leave the model out (rows without a suffix match draft nothing): price the prefill at 0 to get both sources
+    monkeypatch.setattr(hf_spec.DraftModelDrafter, "catch_up_cost", lambda self, sequences: 0.0)
     arch = SAMPLING_SUBSET[0]
     target, draft = C.build(arch), C.build(arch, noise=0.05)
     exact = C.exact_distribution(target)

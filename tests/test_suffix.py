@@ -243,3 +243,25 @@ def test_ngram_drafter_proposes_what_prompt_lookup_did(seed, pair):
         new = tokens[0, :int(num[0])].tolist()
         old = old_prompt_lookup(seq[:i], k, max_ngram, 1)
         assert new[:len(old)] == old and (len(new) == len(old) or len(old) < k)
+
+
+def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
+    """The hybrid drafter's choice per row: the source with the most expected tokens per second from measured
+    acceptance and times, plain decoding (one token per forward) included."""
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=64))
+    d._forward_s, d._model_s = [0.1], [0.05]
+    for _ in range(20):  # the model's drafts: 2 of 3 accepted; short suffix matches: rejected
+        d._model_acceptance.add(3, 2)
+        d._suffix_acceptance[False].add(4, 0)
+        d._suffix_acceptance[True].add(4, 4)
+    assert d.choose_source(4, long_match=False, k=3) == "model"
+    assert d.choose_source(4, long_match=True, k=3) == "suffix"
+    assert d.choose_source(0, long_match=False, k=3) == "model"
+    # a catch-up (a draft model's prefill of a long prompt) that a few tokens left cannot repay: not the model
+    assert d.choose_source(0, long_match=False, k=3, catch_up_s=5.0, remaining_tokens=8) == "none"
+    assert d.choose_source(4, long_match=True, k=3, catch_up_s=5.0, remaining_tokens=8) == "suffix"
+    assert d.choose_source(0, long_match=False, k=3, catch_up_s=5.0, remaining_tokens=10_000) == "model"
+    with pytest.raises(TypeError, match="model-based"):
+        hf_spec.HybridDrafter(hf_spec.SuffixDrafter())

@@ -12,11 +12,15 @@ score is high enough, else with the model), the choice here is made by the cost 
   (decayed counts, prior 0.5), separately for short (< 4 tokens) and long matches;
 - the model's: the conditional acceptance measured for its drafts at position j, for the step's k;
 - costs in seconds: the target's forward (the median of the last forwards it reported, plain and verify alike)
-  for both, plus the model's drafting time (the median of its last drafts) for the model. The suffix
-  drafter's own lookup is microseconds and left out.
+  for both, plus for the model its drafting time (the median of its last drafts) and, while it has a one-off
+  catch-up to do (a draft model's prefill of a long prompt, :meth:`~hf_spec.drafters.base.Drafter.catch_up_cost`,
+  priced with the target's measured prefill time per token), that cost spread over the steps the tokens left
+  allow. The suffix drafter's own lookup is microseconds and left out.
 
-With no suffix match the model drafts; when every row takes its suffix proposal the model does not run (a
-draft model catches up on the tokens it missed at its next draft). Each step's choice per row is in
+A row drafts nothing (a plain step for it) when neither source is predicted to beat plain decoding, one token
+per forward: a row without a suffix match whose model catch-up the tokens left cannot repay. When every row
+takes its suffix proposal the model does not run (a draft model catches up on the tokens it missed at its next
+draft). Each step's choice per row is in
 :attr:`~hf_spec.drafters.base.Drafter.last_sources` (the loop copies it into ``StepEvent.sources``, and
 :class:`~hf_spec.metrics.SpecStats` counts drafted and accepted tokens by source).
 
@@ -151,6 +155,8 @@ class HybridDrafter(Drafter):
         self._forward_s: list[float] = []
         self._model_s: list[float] = []
         self._chosen: list[tuple[str, bool]] | None = None  # per row of the last draft: (source, long match)
+        self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
+        self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
 
     def select_rows(self, rows) -> None:
@@ -161,7 +167,9 @@ class HybridDrafter(Drafter):
 
     def update(self, verified: VerifyOutput) -> None:
         self._model.update(verified)
-        if verified.seconds:
+        if verified.step == 0:
+            self._prefill_s_per_token = verified.seconds / max(1, self._prompt_tokens)
+        elif verified.seconds:
             self._forward_s = (self._forward_s + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             for (source, long), d, a in zip(self._chosen, verified.num_drafted.tolist(),
@@ -174,21 +182,30 @@ class HybridDrafter(Drafter):
         self._suffix.finish(outputs)
         self._model.finish(outputs)
 
-    def choose_source(self, proposal_length: int, long_match: bool, k: int) -> str:
-        """``"suffix"`` or ``"model"`` for a row whose suffix proposal has ``proposal_length`` tokens: the higher
-        predicted tokens per second (see the module docstring)."""
-        if not proposal_length:
-            return "model"
+    def choose_source(self, proposal_length: int, long_match: bool, k: int, catch_up_s: float = 0.0,
+                      remaining_tokens: int | None = None) -> str:
+        """``"suffix"``, ``"model"`` or ``"none"`` for a row whose suffix proposal has ``proposal_length`` tokens: the
+        highest predicted tokens per second, plain decoding's one token per forward included (see the module
+        docstring). ``catch_up_s``: the model's one-off catch-up in seconds, spread over the
+        ``remaining_tokens / E[tokens per step]`` steps left."""
         forward = statistics.median(self._forward_s) if self._forward_s else 1.0
-        model = statistics.median(self._model_s) if self._model_s else 0.0
-        suffix_rate = self._suffix_acceptance[long_match].expected_tokens(proposal_length) / forward
-        model_rate = self._model_acceptance.expected_tokens(k) / (forward + model)
-        return "suffix" if suffix_rate >= model_rate else "model"
+        model_s = statistics.median(self._model_s) if self._model_s else 0.0
+        model_tokens = self._model_acceptance.expected_tokens(k)
+        if catch_up_s and remaining_tokens:
+            model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
+        rates = {"none": 1.0 / forward, "model": model_tokens / (forward + model_s)}
+        if proposal_length:
+            rates["suffix"] = self._suffix_acceptance[long_match].expected_tokens(proposal_length) / forward
+        return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
     def draft(self, sequences, k):
         self._suffix.index(sequences)
         proposals = [self._suffix.propose(b, seq, k) for b, seq in enumerate(sequences)]
-        sources = [self.choose_source(len(p.tokens), p.match_length >= LONG_MATCH, k) for p in proposals]
+        catch_up_s = self._model.catch_up_cost(sequences) * self._prefill_s_per_token
+        max_length = self.generation_config.max_length if self.generation_config is not None else None
+        sources = [self.choose_source(len(p.tokens), p.match_length >= LONG_MATCH, k, catch_up_s,
+                                      max_length - len(seq) if max_length else None)
+                   for p, seq in zip(proposals, sequences)]
         n = len(sequences)
         model_tokens = model_scores = None
         if "model" in sources:
@@ -204,6 +221,8 @@ class HybridDrafter(Drafter):
             scores = (model_scores.new_zeros(n, width, model_scores.shape[-1]) if model_scores is not None
                       else torch.zeros(n, width, self._vocab))
         for b, (p, source) in enumerate(zip(proposals, sources)):
+            if source == "none":
+                continue
             if source == "model":
                 m = int(model_num[b])
                 tokens[b, :m] = model_tokens[b, :m].cpu()
@@ -217,5 +236,5 @@ class HybridDrafter(Drafter):
                     scores[b, :len(p.tokens)] = float("-inf")
                     scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
         self._chosen = [(s, p.match_length >= LONG_MATCH) for p, s in zip(proposals, sources)]
-        self.last_sources = ["suffix" if s == "suffix" else self.model_drafter.method for s in sources]
+        self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
         return tokens, num, scores
