@@ -300,6 +300,34 @@ class AdaptiveK:
         self.k, self.mode, self.steps_in_mode = k, mode, 0
         self._record(k, mode, reason, predicted)
 
+    def catch_up_pays(self, k: int, catch_up_s: float, remaining_tokens: int) -> bool:
+        """Whether speculating at k can repay a drafter's one-off catch-up before ``max_length``; the loop asks
+        after :meth:`decide` picked k > 0 and the drafter reported one
+        (:meth:`~hf_spec.drafters.base.Drafter.catch_up_cost`: a draft model's prefill of a long prompt at its
+        first draft, or of the tokens of an off period). It pays when the time k is predicted to save over the
+        tokens left, ``(1 - 1 / S(k)) x remaining_tokens x T_1``, exceeds it. Before any speculative step the
+        prediction S(k) rests on the prior acceptance and a free drafter, so it is optimistic: speculation
+        then never starts where even that cannot repay the catch-up (a 700-token prompt, 16 new tokens), and
+        the usual judgment takes over where it can. When it does not pay, speculation is switched off as by
+        :meth:`decide` (an ``"off"`` record, a probe after ``off_length`` plain steps, asked here again with
+        fewer tokens left).
+
+        Args:
+            k: the k :meth:`decide` picked (> 0).
+            catch_up_s: the catch-up's estimated seconds.
+            remaining_tokens: the most tokens a row can still get before ``max_length``.
+        """
+        if catch_up_s <= 0 or self.t_plain is None:
+            return True
+        speed = self.predicted_speedup(k)
+        saving = (1.0 - 1.0 / speed) * remaining_tokens * self.t_plain if speed > 0 else 0.0
+        if catch_up_s <= saving:
+            return True
+        self.probe_k = k
+        self._set(0, "off", f"drafter catch-up ~{catch_up_s:.2f} s > ~{max(0.0, saving):.2f} s that k={k} could save "
+                            f"over {remaining_tokens} tokens (predicted {speed:.2f}x)", speed)
+        return False
+
     def decide(self) -> tuple[int, dict | None]:
         """The k for the coming step (0 = plain decoding), and the decision record when it changed."""
         self.pending = None
@@ -442,6 +470,9 @@ class CycleK(AdaptiveK):
             return
         drafted = max((len(d) for d, e in zip(event.drafted, event.emitted) if e), default=0)
         self.calls[-1].setdefault(drafted, []).append((event.draft_time_s, event.verify_time_s))
+
+    def catch_up_pays(self, k: int, catch_up_s: float, remaining_tokens: int) -> bool:
+        return True  # a calibration runs its schedule (the first speculative step is not recorded anyway)
 
     def decide(self) -> tuple[int, dict | None]:
         k = self.lo + (self._next // self.repeat) % (self.hi - self.lo + 1)

@@ -329,6 +329,7 @@ def _speculative_decode(
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0
     tell_drafter(0, out, none, none, 1, verify_time)
+    prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
@@ -350,8 +351,13 @@ def _speculative_decode(
         # ---- draft: the loop chooses k (fixed, or the controller's; 0 = a plain step) -----------------
         t_draft = clock(device)
         decision = None
+        sequences = [rows[b][pad_len[b]:] for b in active]  # each row's tokens without its padding
         if controller is not None:
             k_asked, decision = controller.decide()
+            if k_asked > 0 and not controller.catch_up_pays(
+                    k_asked, session.catch_up_cost(sequences) * prefill_s_per_token,
+                    max(max_length - len(rows[b]) for b in active)):
+                k_asked, decision = 0, controller.pending
         else:
             k_asked = k_call
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
@@ -360,8 +366,7 @@ def _speculative_decode(
         sources = None
         if k_step > 0:
             drafts, num_drafted, draft_scores = _checked_draft(
-                session, session.draft([rows[b][pad_len[b]:] for b in active], k_step), n_rows, k_step, vocab_size,
-                do_sample, device)
+                session, session.draft(sequences, k_step), n_rows, k_step, vocab_size, do_sample, device)
             num_drafted = torch.minimum(num_drafted, budget)
             sources = session.last_sources
         else:

@@ -121,6 +121,39 @@ def test_a_one_off_cost_does_not_switch_speculation_off():
     assert [i + 1 for i, k in enumerate(ks) if k == 0][3:] == refreshes == [68, 133], (refreshes, ks)
 
 
+def _plain_steps(controller, n=3, t1=0.01):
+    """Feed the controller n plain steps of T_1 = t1 seconds (what it measures first); returns its next k."""
+    for step in range(1, n + 1):
+        k, _ = controller.decide()
+        assert k == 0
+        controller(StepEvent(step, 0, [[]], [0], [[1]], draft_time_s=0.0, verify_time_s=t1, time_s=0.0,
+                             finished=[False]))
+    return controller.decide()[0]
+
+
+def test_a_catch_up_that_the_tokens_left_cannot_repay_keeps_decoding_plain():
+    """A draft model's prefill of a long prompt (here 1 s, 100 plain steps of 10 ms) before a 20-token answer:
+    even the optimistic prior (S(1) = 1.5: half the drafts accepted, a free drafter) saves at most
+    20 x 10 ms / 3, so speculation is switched off before it pays anything; with 1,000 tokens left it pays."""
+    controller = AdaptiveK()
+    controller.reset(drafter_k=3)
+    k = _plain_steps(controller)
+    assert k == 1
+    assert controller.catch_up_pays(k, 1.0, remaining_tokens=1000)
+    assert controller.catch_up_pays(k, 0.0, remaining_tokens=1)  # nothing to catch up on: nothing to repay
+    assert not controller.catch_up_pays(k, 1.0, remaining_tokens=20)
+    assert (controller.k, controller.mode, controller.probe_k) == (0, "off", 1)
+    assert controller.pending["mode"] == "off" and "catch-up" in controller.pending["reason"]
+    # plain steps until the probe, which asks again
+    ks = []
+    for step in range(4, 4 + controller.off_steps + 1):
+        k, _ = controller.decide()
+        ks.append(k)
+        controller(StepEvent(step, k, [[]], [0], [[1]], draft_time_s=0.0, verify_time_s=0.01, time_s=0.0,
+                             finished=[False]))
+    assert ks == [0] * controller.off_steps + [1] and controller.mode == "probe"
+
+
 def test_first_judgment_at_the_cheapest_k_then_the_drafters_k_is_measured():
     """After the 3 plain steps: 4 steps at k_min = 1. A drafter that is never right is switched off after
     them (4 two-position verifies wasted, not 4 at the drafter's k); one that is right is measured at the
@@ -344,3 +377,47 @@ def test_auto_keeps_the_sampling_distribution(pair):
     # t1 comes from the prefill, t2 from the plain step that measures T_1, t3 from the first draft (k=2)
     counts = sample_counts(target, draft, procs, seed=5, num_speculative_tokens=AdaptiveK(k_start=2))
     assert pvalue(counts, exact_distribution(target, procs)) > ALPHA
+
+
+class _CountingDrafter(hf_spec.DraftModelDrafter):
+    """A draft model whose catch-up is reported as ``cost`` target-prefill tokens, counting its drafts."""
+
+    def catch_up_cost(self, sequences):
+        return self.cost
+
+    def draft(self, sequences, k):
+        self.calls.append(k)
+        return super().draft(sequences, k)
+
+
+def test_auto_does_not_start_a_drafter_whose_catch_up_cannot_be_repaid(tiny):
+    """However fast this machine runs, a catch-up priced at 10^9 prefill tokens is never repaid: the loop asks
+    the controller before the first draft, decodes plainly (output unchanged), and never calls draft()."""
+    target, draft = tiny
+    base = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    drafter = _CountingDrafter(draft, 3)
+    drafter.cost, drafter.calls = 1e9, []
+    out = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate,
+                          return_dict_in_generate=True, drafter=drafter, num_speculative_tokens="auto")
+    assert torch.equal(out.sequences, base)
+    assert drafter.calls == [] and set(out.stats.k_per_step) == {0}
+    off = [e for e in out.stats.policy_events if e["mode"] == "off"]
+    assert off and "catch-up" in off[0]["reason"], out.stats.policy_events
+
+
+def test_a_draft_models_catch_up_is_the_prompt_first_then_about_nothing(tiny):
+    """DraftModelDrafter.catch_up_cost: before its first draft, every prompt token but the last (which every
+    step feeds) x its compute per token relative to the target's (1 here: the same architecture); after a
+    draft, only the tokens it has not seen beyond one, whatever the target accepted."""
+    target, draft = tiny
+    from transformers import GenerationConfig
+
+    session = hf_spec.DraftModelDrafter(draft, 3).start(target, PROMPT, GenerationConfig(do_sample=False))
+    prompt = PROMPT[0]
+    assert session.catch_up_cost([prompt]) == pytest.approx(len(prompt) - 1)
+    tokens, _, _ = session.draft([prompt], 3)
+    assert session.catch_up_cost([prompt]) == 0  # nothing new
+    accepted_all = torch.cat([prompt, tokens[0], torch.tensor([7])])  # 3 accepted + the bonus token
+    assert session.catch_up_cost([accepted_all]) == pytest.approx(1)  # the third draft and the bonus: 2 - 1
+    rejected = torch.cat([prompt, torch.tensor([int(tokens[0, 0]) + 1])])
+    assert session.catch_up_cost([rejected]) == 0  # the correction alone: what every step feeds

@@ -246,6 +246,23 @@ class Drafter:
         """
         raise NotImplementedError
 
+    def catch_up_cost(self, sequences: list[torch.LongTensor]) -> float:
+        """The one-off work the next :meth:`draft` on ``sequences`` would do before its usual per-step work, in
+        tokens of the target's prefill: a draft model's forward over the tokens it has not seen (the whole prompt
+        at the first draft, the tokens of an off period after one), scaled by its compute per token relative to
+        the target's. The loop turns it into seconds with the target's measured prefill time per token, and under
+        ``"auto"`` does not start speculating where the tokens left before ``max_length`` cannot repay it
+        (:meth:`~hf_spec.adaptive.AdaptiveK.catch_up_pays`). An estimate, read before every speculative step of
+        ``"auto"``: it must be cheap and must not change the drafter's state.
+
+        Args:
+            sequences: as for :meth:`draft`.
+
+        Returns:
+            ``>= 0``; the default 0 suits drafters whose every step costs about the same (n-gram lookup, heads).
+        """
+        return 0.0
+
     def update(self, verified: VerifyOutput) -> None:
         """Hear what the target's forward just computed (after the prefill and after every step, plain ones
         included), for the rows of the current batch. The default ignores it."""

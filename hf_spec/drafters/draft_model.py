@@ -99,6 +99,9 @@ class DraftModelDrafter(Drafter):
                 "draft for this target"
             )
         self._target_vocab = t_vocab
+        # compute per token relative to the target's (for catch_up_cost): non-embedding parameters, the prefill's
+        # FLOPs; a rough estimate of time, as the two models may differ in dtype
+        self._relative_cost = _compute_parameters(self.draft_model) / max(1, _compute_parameters(target))
         if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
@@ -114,6 +117,15 @@ class DraftModelDrafter(Drafter):
         if self._ragged is not None:
             self._ragged.select(rows)
             self._cached = [self._cached[int(r)] for r in rows]
+
+    def catch_up_cost(self, sequences) -> float:
+        """The tokens the draft has not seen beyond the one every step feeds (B x the widest row: the block is
+        rectangular) x the draft's compute per token relative to the target's; in tokens of the target's
+        prefill. The whole prompt before the first draft, ~0-1 token between two speculative steps."""
+        if self._ragged is None:
+            return 0.0
+        unseen = [len(s) - _common_prefix(c, s.to(self.device)) for c, s in zip(self._cached, sequences)]
+        return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
 
     @torch.no_grad()
     def draft(self, sequences, k):
@@ -156,6 +168,13 @@ def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
     if logits.shape[-1] > rows:
         return logits[..., :rows]
     return torch.cat([logits, logits.new_full((*logits.shape[:-1], rows - logits.shape[-1]), float("-inf"))], dim=-1)
+
+
+def _compute_parameters(model) -> int:
+    """Parameters a forward computes with per token: all but the input embeddings (a lookup)."""
+    embeddings = model.get_input_embeddings()
+    skip = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
 def _common_prefix(cached: torch.LongTensor, seq: torch.LongTensor) -> int:
