@@ -57,6 +57,10 @@ the drafter by its worst k again), else the k that came closest; a probe may mea
 Every change is recorded as the event's ``policy`` (``{"k", "reason", "predicted_speedup"}``), collected in
 ``SpecStats.policy_events`` and logged at DEBUG on the ``hf_spec`` logger.
 
+A drafter's one-off catch-up (a draft model's prefill of a long prompt at its first draft) is judged apart,
+before it is paid: :meth:`AdaptiveK.catch_up_pays` keeps speculation off where the tokens left before
+``max_length`` cannot repay it.
+
 The output does not depend on k: every k goes through the same acceptance rule, so greedy output stays
 token-identical to the target's and sampled output keeps the target's distribution.
 """

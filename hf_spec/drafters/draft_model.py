@@ -14,6 +14,7 @@ import torch
 from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
+from ..processors import reads_sequences
 from .base import Drafter, logit_rows
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
@@ -133,29 +134,39 @@ class DraftModelDrafter(Drafter):
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
         # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
-        keep = torch.tensor([_common_prefix(c, s) for c, s in zip(self._cached, seqs)], dtype=torch.long)
-        self._ragged.truncate(keep)
-        new = [s[int(n):] for s, n in zip(seqs, keep)]
-        width = max(len(t) for t in new)
-        block = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
-        block_valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
-        for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
-            block[b, width - len(t):] = t
-            block_valid[b, width - len(t):] = True
-        logits = _pad_or_cut(self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1].float(),
-                             self._target_vocab)
+        keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
+        self._ragged.truncate(torch.tensor(keep, dtype=torch.long))
+        new = [s[n:] for s, n in zip(seqs, keep)]
+        if len(new) == 1:  # a batch of one: the block is its new tokens, nothing to align
+            block, block_valid = new[0][None], None
+        else:
+            width = max(len(t) for t in new)
+            block = torch.zeros(len(seqs), width, dtype=torch.long, device=self.device)
+            block_valid = torch.zeros(len(seqs), width, dtype=torch.bool, device=self.device)
+            for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
+                block[b, width - len(t):] = t
+                block_valid[b, width - len(t):] = True
+        logits = self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
         do_sample = bool(self.generation_config.do_sample)
-        tokens, scores = [], []
+        # greedy without processors: the argmax of the draft's own logits (no float32 copy, no processing)
+        raw_argmax = not do_sample and len(self.logits_processor) == 0
+        reads = reads_sequences(self.logits_processor)  # only then do the processors need the drafted prefix
+        tokens, scores, fed = [], [], seqs
         for i in range(k):
-            token, processed = self.choose(seqs, logits)
+            logits = _pad_or_cut(logits, self._target_vocab)
+            if raw_argmax:
+                token = logits.argmax(dim=-1)
+            else:
+                token, processed = self.choose(seqs, logits.float())
+                scores.append(processed)
             tokens.append(token)
-            scores.append(processed)
             if i < k - 1:
-                seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
-                logits = _pad_or_cut(self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1].float(),
-                                     self._target_vocab)
-        self._cached = seqs
+                if reads:
+                    seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
+                logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1]
         out = torch.stack(tokens, dim=1)
+        # what the cache now holds: each sequence and the drafts fed after it (all but the last)
+        self._cached = [torch.cat([s, t]) for s, t in zip(fed, out[:, :k - 1])]
         num_drafted = torch.full((len(seqs),), k, dtype=torch.long, device=self.device)
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
 
