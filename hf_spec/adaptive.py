@@ -321,7 +321,10 @@ class AdaptiveK:
             catch_up_s: the catch-up's estimated seconds.
             remaining_tokens: the most tokens a row can still get before ``max_length``.
         """
-        if catch_up_s <= 0 or self.t_plain is None:
+        if self.t_plain is None or catch_up_s <= self.t_plain:
+            # a catch-up shorter than one plain step (the few tokens of an off period before a probe) is left to
+            # the usual judgment: a probe is predicted to lose (that is why speculation is off), so weighing its
+            # small catch-up against that prediction would never let it probe again
             return True
         speed = self.predicted_speedup(k)
         saving = (1.0 - 1.0 / speed) * remaining_tokens * self.t_plain if speed > 0 else 0.0

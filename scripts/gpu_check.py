@@ -86,6 +86,8 @@ def drafter_costs(target, draft, context: torch.LongTensor, t1: float, repeats: 
     """c per drafted token over T_1: the draft model's decode step, Medusa heads (all heads, one pass, per head),
     n-gram lookup (k = 3 tokens on the context, per token)."""
     from hf_spec.device import clock
+    from transformers import GenerationConfig
+
     from hf_spec.drafters.ngram import NgramDrafter
     from hf_spec.medusa.heads import MedusaConfig, MedusaHeads
     from hf_spec.tuning import measure_forward_times
@@ -95,7 +97,8 @@ def drafter_costs(target, draft, context: torch.LongTensor, t1: float, repeats: 
     heads = MedusaHeads(MedusaConfig(MEDUSA_HEADS, 1, H, V, "shared-lm-head")).to(target.device, target.dtype)
     heads.bind(target)
     hidden = torch.randn(1, H, device=target.device, dtype=target.dtype)
-    ngram, seq, device = NgramDrafter(3), context[0], target.device
+    # bound to a call as the loop binds it; the first (untimed) draft indexes the context, later ones cost a step's
+    ngram, seq, device = NgramDrafter(3).start(target, context, GenerationConfig()), context[0], target.device
 
     def median_time(fn) -> float:
         runs = []
