@@ -25,10 +25,10 @@ def run_bench_command(args) -> int:
 
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
-    corpus = read_corpus(args.corpus)
-    if corpus is not None and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
-                                       for m in methods):
+    if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
+                               for m in methods):
         raise ValueError("--corpus needs a method that drafts from one: suffix or hybrid:draft:MODEL")
+    corpus = read_corpus(args.corpus)
     try:
         import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)
     except ImportError:

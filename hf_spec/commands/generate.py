@@ -28,10 +28,10 @@ def run(args) -> int:
     _check_args(args)
     device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
     spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
-    corpus = read_corpus(args.corpus)
-    if corpus is not None and (spec is None or not spec.cls.takes_corpus):
+    if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
                          f"{args.drafter!r}")
+    corpus = read_corpus(args.corpus)
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype, device_map)
     model, tokenizer = load(args.target, dtype=dtype, device_map=device_map, quantization=args.quantization)
