@@ -171,3 +171,11 @@ def top2_gap(model, prefix: torch.Tensor) -> float:
         logits = model(input_ids=prefix).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2-135M's tokenizer (provisioned by scripts/setup.sh), shared by the tests that need a real one."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))

@@ -31,13 +31,6 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
-
-
-@pytest.fixture(scope="module")
 def text_pair(tokenizer):
     """A tiny target and a perturbed copy as draft, with SmolLM2's vocabulary (for text in, text out)."""
     torch.manual_seed(0)

@@ -21,13 +21,6 @@ def pair():
     return tiny_pair()
 
 
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(hf_spec.provision("smollm2-135m"))
-
-
 def occurrences(docs, pattern, depth=math.inf):
     """(global position, next token) of every occurrence of ``pattern`` followed by a token, in document
     order, counting only substrings of length <= depth (the trie's bound)."""
@@ -207,10 +200,10 @@ def test_corpus_texts_tokens_and_bad_input(pair):
         hf_spec.make_drafter("ngram", corpus=["x"])
 
 
-def test_corpus_texts_are_tokenized_with_the_tokenizer(smollm2_tokenizer):
+def test_corpus_texts_are_tokenized_with_the_tokenizer(tokenizer):
     text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
-    d = hf_spec.make_drafter("suffix", corpus=[text], tokenizer=smollm2_tokenizer)
-    ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    d = hf_spec.make_drafter("suffix", corpus=[text], tokenizer=tokenizer)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert d.corpus.text[:len(ids)].tolist() == ids
     assert len(d.corpus) == len(ids)
 
