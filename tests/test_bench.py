@@ -224,3 +224,30 @@ def test_bench_names_every_difference_from_plain_decoding():
     md = "\n".join(differences_table(per_prompt))
     assert "| wrong | 7 (coding) | 4 |" in md and "**not a near-tie**" in md and "stopped earlier" in md
     assert "| same |" not in md
+
+
+def test_bench_turns_the_method_order_from_prompt_to_prompt(tokenizer, monkeypatch):
+    """No method always runs first: the order turns by one method per prompt and repeat, and every method still
+    runs once per prompt and repeat (a fixed order put plain decoding first on every prompt)."""
+    from types import SimpleNamespace
+
+    import hf_spec.bench.runner as bench
+    from hf_spec.prompts import load_questions
+
+    order = []
+
+    def fake(target, m, inputs, gen_kwargs, drafters, hf_draft, seed):
+        order.append(m.name)
+        return {"total_s": 1.0, "tokens": [1, 2, 3]}
+
+    monkeypatch.setattr(bench, "_run_once", fake)
+    target = SimpleNamespace(name_or_path="fake", dtype=torch.float32, device=torch.device("cpu"))
+    methods = parse_methods("ngram,suffix", [2])
+    questions = load_questions(categories=["coding", "writing"], per_category=2)
+    bench.run_bench(target, tokenizer, methods, questions, max_new_tokens=4, repeats=2, progress=False)
+    n = len(methods)
+    rounds = [order[i:i + n] for i in range(n, len(order), n)]  # after the warm-up round
+    assert len(rounds) == len(questions) * 2
+    assert all(sorted(r) == sorted(m.name for m in methods) for r in rounds)
+    assert {r[0] for r in rounds} == {m.name for m in methods}
+    assert [r[0] for r in rounds[:n]] == [m.name for m in methods]

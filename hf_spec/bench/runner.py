@@ -263,6 +263,9 @@ def run_bench(
 ) -> dict:
     """Run every method on every question, interleaved, and return per-prompt measurements.
 
+    Each prompt runs every method once per repeat, in an order that turns by one method from one prompt (or
+    repeat) to the next, so no method always runs first or after the same other one.
+
     Args:
         target: the target model.
         tokenizer: its tokenizer.
@@ -342,8 +345,11 @@ def run_bench(
             continue
         inputs = chat_inputs(tokenizer, q.text)
         runs: dict[str, list] = {m.name: [] for m in methods}
-        for _ in range(repeats):
-            for m in methods:
+        for r in range(repeats):
+            # the order turns by one method per prompt and repeat: a method that always ran first (or right after
+            # the same other method) would carry whatever the machine does at that point of each round
+            shift = (qi * repeats + r) % len(methods)
+            for m in methods[shift:] + methods[:shift]:
                 runs[m.name].append(_run_once(target, m, inputs, gen_kwargs, drafters, hf_draft, seed + qi))
                 bar.update()
         kept = {name: sorted(rs, key=lambda r: r["total_s"])[len(rs) // 2] for name, rs in runs.items()}
