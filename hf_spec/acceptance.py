@@ -15,6 +15,14 @@ speculative decoding therefore emits between 1 and k+1 tokens.
   exactly as tokens sampled from the target alone. A deterministic drafter (n-gram lookup) has one-hot q:
   pass ``draft_probs=None``.
 
+A draft may also be a *tree* (several candidates where the drafter is unsure; a chain is the tree with one child
+per node): :func:`greedy_accept_tree` and :func:`speculative_sample_tree` walk it from the root with the same two
+rules, sampling with the multi-candidate (recursive) rejection sampling of SpecInfer (Miao et al. 2024,
+"SpecInfer: Accelerating Large Language Model Serving with Tree-based Speculative Inference and Verification",
+Algorithm 2 / Theorem 4.2): the children of a node are tried in turn against the target's distribution, each
+rejection replacing it by the residual ``normalize(max(p - q, 0))``; all rejected: the next token is drawn from
+what is left.
+
 Both work on a batch: every tensor has a leading batch dimension and the number of accepted tokens is
 per row. Rows may draft different numbers of tokens: ``num_drafted[b]`` says how many of the k columns
 of row b are real; the rest are filler that is never accepted, and the row's next token is then drawn
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["greedy_accept", "speculative_sample"]
+__all__ = ["greedy_accept", "speculative_sample", "greedy_accept_tree", "speculative_sample_tree", "tree_depths"]
 
 
 def greedy_accept(
@@ -140,3 +148,179 @@ def _check_shapes(draft_tokens: torch.Tensor, target: torch.Tensor) -> None:
             f"target scores must cover k+1 = {draft_tokens.shape[1] + 1} positions for {draft_tokens.shape[0]} "
             f"rows, got shape {tuple(target.shape)}"
         )
+
+
+# ---- trees ----------------------------------------------------------------------------------------------------
+def tree_depths(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> torch.Tensor:
+    """Each node's depth in a batch of draft trees (a root child has depth 1).
+
+    Args:
+        parents: ``LongTensor[B, N]``: node j's parent node, ``-1`` for a child of the root (the root is the
+            last token the target already verified). Nodes are in topological order: ``parents[b, j] < j``.
+        num_nodes: optional ``LongTensor[B]`` in ``0..N``: row b's nodes from ``num_nodes[b]`` on are filler
+            (their parents are not read).
+
+    Returns:
+        ``LongTensor[B, N]``: depths (filler nodes: 0).
+
+    Raises:
+        ValueError: a real node whose parent is not an earlier node or -1.
+    """
+    if parents.dim() != 2:
+        raise ValueError(f"parents must be [B, N], got shape {tuple(parents.shape)}")
+    bsz, n = parents.shape
+    real = _real(parents, num_nodes)
+    index = torch.arange(n, device=parents.device)
+    bad = real & ((parents < -1) | (parents >= index))
+    if bool(bad.any()):
+        b, j = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"node {j} of row {b} has parent {int(parents[b, j])}: a node's parent must be -1 (the root) "
+                         "or an earlier node (topological order)")
+    depth = torch.zeros(bsz, n + 1, dtype=torch.long, device=parents.device)  # column 0: the root
+    parents = torch.where(real, parents, -1)  # filler: never read
+    for j in range(n):
+        depth[:, j + 1] = torch.where(real[:, j], depth.gather(1, (parents[:, j:j + 1] + 1).clamp(min=0)).squeeze(1) + 1, 0)
+    return depth[:, 1:]
+
+
+def _path(parents: torch.Tensor, last: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[B, D]``: the nodes from the root's child down to ``last[b]`` (``-1``: none), padded with -1."""
+    bsz = parents.shape[0]
+    width = int(depth.max()) if depth.numel() else 0
+    path = torch.full((bsz, width), -1, dtype=torch.long, device=parents.device)
+    for b in range(bsz):
+        node = int(last[b])
+        while node >= 0:
+            path[b, int(depth[b, node]) - 1] = node
+            node = int(parents[b, node])
+    return path
+
+
+def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor) -> None:
+    if tokens.dim() != 2 or target.dim() != 3 or parents.shape != tokens.shape:
+        raise ValueError(f"expected tokens [B, N], parents [B, N] and target scores [B, N+1, V], got "
+                         f"{tuple(tokens.shape)}, {tuple(parents.shape)} and {tuple(target.shape)}")
+    if target.shape[:2] != (tokens.shape[0], tokens.shape[1] + 1):
+        raise ValueError(f"target scores must cover N+1 = {tokens.shape[1] + 1} positions (the root, then each node) "
+                         f"for {tokens.shape[0]} rows, got shape {tuple(target.shape)}")
+
+
+def greedy_accept_tree(
+    tokens: torch.Tensor, parents: torch.Tensor, target_scores: torch.Tensor, num_nodes: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification of a draft tree: the longest root path whose every token is the target's argmax.
+
+    Args:
+        tokens: ``LongTensor[B, N]``, the drafted tokens (node j).
+        parents: ``LongTensor[B, N]``, node j's parent (``-1``: the root), an earlier node.
+        target_scores: ``Tensor[B, N+1, V]``: position 0 scores the token after the root (the last verified
+            token), position j+1 the token after node j (a forward with a tree attention mask: each node sees
+            the prefix and its ancestors).
+        num_nodes: optional ``LongTensor[B]``: real nodes per row (the rest are filler, never accepted).
+
+    Returns:
+        ``(num_accepted, path, next_token)``: ``LongTensor[B]`` (the accepted path's length), ``LongTensor[B, D]``
+        (its nodes from the root's child down, padded with -1; D = the deepest node's depth) and ``LongTensor[B]``
+        (the target's argmax after the path: the correction or bonus token). Where siblings carry the same token,
+        the deeper accepted path wins (ties: the earlier node). On a chain this is :func:`greedy_accept`.
+
+    Raises:
+        ValueError: the shapes do not agree, or a parent is not an earlier node.
+    """
+    _check_tree(tokens, parents, target_scores)
+    bsz, n = tokens.shape
+    depth = tree_depths(parents, num_nodes)
+    argmax = target_scores.argmax(dim=-1)  # [B, N+1]
+    real = _real(tokens, num_nodes)
+    parents = torch.where(real, parents, -1)  # filler: never read
+    ok = torch.zeros(bsz, n + 1, dtype=torch.bool, device=tokens.device)
+    ok[:, 0] = True  # the root
+    for j in range(n):
+        up = (parents[:, j] + 1).clamp(min=0)[:, None]
+        ok[:, j + 1] = real[:, j] & ok.gather(1, up).squeeze(1) & (tokens[:, j] == argmax.gather(1, up).squeeze(1))
+    # the deepest accepted node (the earliest among equals), -1 where none
+    score = torch.where(ok[:, 1:], depth * (n + 1) - torch.arange(n, device=tokens.device), -1)
+    last = torch.where(score.max(dim=1).values >= 0, score.argmax(dim=1), -1) if n else torch.full((bsz,), -1)
+    num_accepted = torch.where(last >= 0, depth.gather(1, last.clamp(min=0)[:, None]).squeeze(1), 0)
+    next_token = argmax.gather(1, (last + 1)[:, None]).squeeze(1)
+    return num_accepted, _path(parents, last, depth), next_token
+
+
+def speculative_sample_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    num_nodes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-candidate (recursive) rejection sampling over a draft tree (SpecInfer, Miao et al. 2024, Algorithm 2).
+
+    From the root, with ``p`` the target's distribution there, the children are tried in node order: child j
+    (token x, drawn from ``q_j``) is accepted with probability ``min(1, p(x) / q_j(x))``, and the walk moves to it
+    with ``p`` the target's distribution after it; a rejection replaces ``p`` by ``normalize(max(p - q_j, 0))``
+    and the next child is tried. When no child is accepted (or the node has none: the bonus token), the next
+    token is drawn from ``p``. Each try is one step of :func:`speculative_sample`'s rule against what is left of
+    ``p``, so the emitted tokens are distributed as the target's own samples, whatever the tree's shape, provided
+    each node's token was drawn from its ``q`` independently of its siblings (i.i.d. samples, repeats allowed) or
+    chosen deterministically (``q`` one-hot: a repeated sibling token then has ``p(x) = 0`` and is rejected).
+
+    Args:
+        tokens: ``LongTensor[B, N]``, the drafted tokens.
+        parents: ``LongTensor[B, N]``, node j's parent (``-1``: the root), an earlier node.
+        draft_probs: ``Tensor[B, N, V]``, the distribution each node's token was drawn from (after the same logits
+            processors as the target), or ``None`` for a deterministic drafter (one-hot q for every node).
+        target_probs: ``Tensor[B, N+1, V]``: the target's processed distributions at the root (position 0) and
+            after each node (position j+1).
+        generator: optional ``torch.Generator`` for the uniform draws and the final sample.
+        num_nodes: optional ``LongTensor[B]``: real nodes per row (the rest are filler, never tried).
+
+    Returns:
+        ``(num_accepted, path, next_token)`` as :func:`greedy_accept_tree`.
+
+    Edge cases as :func:`speculative_sample`: ``q(x) = 0`` with ``p(x) > 0`` accepts, ``p(x) = 0`` rejects, and a
+    residual that is zero everywhere falls back to the ``p`` it came from.
+
+    Raises:
+        ValueError: the shapes do not agree, or a parent is not an earlier node.
+    """
+    _check_tree(tokens, parents, target_probs)
+    bsz, n = tokens.shape
+    device = target_probs.device
+    depth = tree_depths(parents, num_nodes)
+    target_probs = target_probs.float()
+    if draft_probs is not None:
+        if draft_probs.shape != (bsz, n, target_probs.shape[-1]):
+            raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, target_probs.shape[-1])}")
+        draft_probs = draft_probs.float()
+    real = _real(tokens, num_nodes)
+    rows = torch.arange(bsz, device=device)
+    u = torch.rand((bsz, n), device=device, generator=generator)
+    cur = torch.full((bsz,), -1, dtype=torch.long, device=device)  # the node the walk is at (-1: the root)
+    p = target_probs[:, 0].clone()  # what is left of the target's distribution at cur
+    # one pass in node order walks every row's tree: a node's children come after it, and once the walk moves
+    # to a child, its later siblings no longer have cur as their parent
+    for j in range(n):
+        tried = real[:, j] & (parents[:, j] == cur)
+        if not bool(tried.any()):
+            continue
+        x = tokens[:, j]
+        p_x = p.gather(1, x[:, None]).squeeze(1)
+        q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs[:, j].gather(1, x[:, None]).squeeze(1)
+        accept = tried & (u[:, j] * q_x < p_x)
+        reject = tried & ~accept
+        if bool(reject.any()):
+            if draft_probs is None:
+                residual = p.clone()
+                residual[rows, x] = 0.0
+            else:
+                residual = (p - draft_probs[:, j]).clamp(min=0.0)
+            mass = residual.sum(dim=-1, keepdim=True)
+            residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
+            p = torch.where(reject[:, None], residual, p)
+        if bool(accept.any()):
+            cur = torch.where(accept, j, cur)
+            p = torch.where(accept[:, None], target_probs[:, j + 1], p)
+    next_token = torch.multinomial(p / p.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
+    num_accepted = torch.where(cur >= 0, depth.gather(1, cur.clamp(min=0)[:, None]).squeeze(1), 0)
+    return num_accepted, _path(parents, cur, depth), next_token
