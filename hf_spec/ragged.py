@@ -153,28 +153,39 @@ class RaggedCache:
             cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
         self.cache = cache
 
-    def _window_masks(self, model, n: int):
-        """The 4D masks of a sliding-window model for the last ``n`` slots' queries (see the class docstring):
-        a tensor ``[B, 1, n, T]`` when every layer slides, else ``{"full_attention": ..., "sliding_attention":
-        ...}``, in the attention implementation's format. A filler query also sees its own slot, so no row
-        is empty (its output is never used)."""
-        total = self.valid.shape[1]
+    def _masks(self, model, position_ids: torch.Tensor, within: torch.Tensor | None = None):
+        """4D masks for the last ``n`` slots' queries, in the attention implementation's format: a tensor
+        ``[B, 1, n, T]`` when every layer is alike, else ``{"full_attention": ..., "sliding_attention": ...}``.
+
+        A query sees its row's valid slots before the block, and within the block the slots ``within[b, i]``
+        (``BoolTensor[B, n, n]``; default: causal, the slots up to its own). With a sliding window W (the class
+        docstring) a sliding layer's query at position p sees only keys at positions p - W < q <= p, positions
+        counted per row (``position_ids [B, n]`` for the block, valid slots before it). A filler query also sees
+        its own slot, so no row is empty (its output is never used)."""
+        total, n = self.valid.shape[1], position_ids.shape[1]
+        old = total - n
         slots = torch.arange(total, device=self.valid.device)
-        query_slots = slots[total - n:]
-        own = slots[None, :] == query_slots[:, None]  # [n, T]
-        causal = self.valid[:, None, :] & (slots[None, :] <= query_slots[:, None])[None]  # [B, n, T]
-        positions = self.valid.to(torch.long).cumsum(dim=1) - 1
-        in_window = positions[:, total - n:, None] - positions[:, None, :] < self.window
-        masks = {"full_attention": causal | own, "sliding_attention": (causal & in_window) | own}
+        own = slots[None, :] == slots[old:, None]  # [n, T]
+        if within is None:
+            within = (slots[None, old:] <= slots[old:, None])[None]  # causal within the block
+        seen = self.valid[:, None, :].expand(-1, n, -1).clone()  # [B, n, T]
+        seen[:, :, old:] &= within
+        masks = {"full_attention": seen | own}
+        if self.window is not None:
+            key_positions = torch.cat([self.valid[:, :old].to(torch.long).cumsum(dim=1) - 1, position_ids], dim=1)
+            in_window = position_ids[:, :, None] - key_positions[:, None, :] < self.window
+            masks["sliding_attention"] = (seen & in_window) | own
         if model.config.get_text_config()._attn_implementation == "eager":
             dtype = model.dtype
             masks = {kind: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
                      for kind, m in masks.items()}
         masks = {kind: m[:, None] for kind, m in masks.items()}
+        if self.window is None:
+            return masks["full_attention"]
         return masks["sliding_attention"] if all(self._sliding) else masks
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
-                **model_kwargs):
+                parents: torch.Tensor | None = None, **model_kwargs):
         """Run ``model`` over a block of new tokens appended to every row, and keep them in the cache.
 
         Args:
@@ -183,22 +194,83 @@ class RaggedCache:
             block_valid: ``BoolTensor[B, n]``, which block tokens are real (default: all). Filler tokens are
                 hidden from every query and stay holes.
             logits_to_keep: how many trailing positions to compute logits for.
+            parents: for a draft tree, ``LongTensor[B, n - 1]``: the block is the root (the last verified token)
+                then the tree's nodes, node j's parent is ``parents[:, j]`` (``-1``: the root; an earlier node).
+                Each node then sees the prefix, the root and its ancestors only (a tree attention mask, as in
+                SpecInfer and Medusa), at the position of its depth; after acceptance :meth:`keep_path` keeps the
+                accepted path. ``None``: a chain (each token sees the ones before it).
             **model_kwargs: passed to ``model`` (e.g. ``output_hidden_states``).
 
         Returns:
             the model output (``logits [B, logits_to_keep, V]``).
+
+        Raises:
+            ValueError: a tree for a model whose attention implementation takes no custom 4D mask (only
+                ``sdpa`` and ``eager`` do here), or parents that are not earlier nodes.
         """
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
         block_valid = block_valid.to(self.valid.device)
-        offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
+        within = None
+        if parents is None:
+            offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
+        else:
+            offsets, within = self._tree(model, parents.to(self.valid.device), block_valid)
+            self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        mask = self.valid.to(torch.long) if self.window is None else self._window_masks(model, block.shape[1])
+        if self.window is None and within is None:  # transformers builds the causal mask from the 2D one
+            mask = self.valid.to(torch.long)
+        else:
+            mask = self._masks(model, position_ids, within)
         out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
                     logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
-        self.lengths = self.lengths + block_valid.sum(dim=1)
+        self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
         return out
+
+    @staticmethod
+    def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(depth [B, n], sees [B, n, n])`` for a block of the root and a tree's nodes: each slot's depth (the
+        root 0) and which block slots each one sees (itself, its ancestors, the root; filler: itself only)."""
+        from .acceptance import tree_depths
+
+        impl = model.config.get_text_config()._attn_implementation
+        if impl not in WINDOW_MASK_IMPLEMENTATIONS:
+            raise ValueError(f"verifying a draft tree needs a custom 4D attention mask, which hf-spec builds for the "
+                             f"'sdpa' and 'eager' attention implementations only; this model runs {impl!r}: load it "
+                             "with attn_implementation='sdpa', or draft chains (no tree)")
+        bsz, n = block_valid.shape
+        real = block_valid[:, 1:]
+        depth = torch.cat([torch.zeros(bsz, 1, dtype=torch.long, device=parents.device),
+                           tree_depths(parents, real.sum(dim=1))], dim=1)
+        parents = torch.where(real, parents, -2)  # filler: no ancestors
+        sees = torch.zeros(bsz, n, n, dtype=torch.bool, device=parents.device)
+        sees[:, 0, 0] = True
+        rows = torch.arange(bsz, device=parents.device)
+        for j in range(1, n):
+            up = parents[:, j - 1] + 1  # the parent's slot (-1: none)
+            sees[:, j] = torch.where((up >= 0)[:, None], sees[rows, up.clamp(min=0)], False)
+            sees[:, j, j] = True
+        return depth, sees
+
+    def keep_path(self, num_accepted: torch.Tensor, path: torch.Tensor) -> None:
+        """After a tree's forward: keep the root and each row's accepted path (``num_accepted [B]``, ``path [B, D]``
+        node indices from the root's child down, as :func:`~hf_spec.acceptance.greedy_accept_tree` returns them),
+        moved right after the root in the cache, and drop every other node (the block's tail is cropped)."""
+        start = self._tree_start  # the block of the last forward: the root, then the tree's nodes
+        width, depth = self.valid.shape[1] - start, path.shape[1]
+        index = torch.zeros(self.valid.shape[0], width, dtype=torch.long, device=self.valid.device)
+        if depth:
+            index[:, 1:1 + depth] = (path.to(index.device) + 1).clamp(min=0)
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                tail = t[:, :, start:].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+                t[:, :, start:] = tail
+        keep = torch.arange(width, device=self.valid.device)[None, :] <= num_accepted.to(self.valid.device)[:, None]
+        self.valid[:, start:] = keep & self.valid[:, start:start + 1]
+        self.lengths = self.lengths + num_accepted.to(self.lengths.device)
+        self.truncate(self.lengths)
 
     def truncate(self, keep: torch.Tensor) -> None:
         """Keep only the first ``keep[b]`` tokens of each row's sequence; later ones become holes.

@@ -64,7 +64,7 @@ def test_window_counts_positions_not_cache_slots():
     ragged.forward(target, block)
     ragged.truncate(torch.tensor([4, 6]))  # row 0: slots 4, 5 are holes; row 1 keeps all six
     ragged.valid = torch.cat([ragged.valid, torch.tensor([[True], [True]])], dim=1)
-    m = ragged._window_masks(target, 1)[:, 0, 0]  # [B, T]: what the new query (slot 6) sees
+    m = ragged._masks(target, ragged.lengths[:, None])[:, 0, 0]  # [B, T]: what the new query (slot 6) sees
     assert m[0].tolist() == [False, True, True, True, False, False, True]  # positions 1..4 of row 0 (window 4)
     assert m[1].tolist() == [False, False, False, True, True, True, True]  # positions 3..6 of row 1
 
