@@ -36,6 +36,9 @@ class StepEvent:
             first one ends the lists are shorter than the batch); ``None`` means ``0..len-1``.
         sources: per row, which source drafted it, for drafters with several (the hybrid drafter:
             ``"suffix"``, ``"draft"``, ``"medusa"``); ``None`` otherwise.
+        parents: for a draft tree, per row the parent of each node in ``drafted`` (``-1``: the root); the
+            accepted nodes are then the ``num_accepted`` first tokens of ``emitted`` along one root path.
+            ``None`` for chains.
     """
 
     step: int
@@ -50,6 +53,7 @@ class StepEvent:
     policy: dict | None = field(default=None)
     rows: list[int] | None = field(default=None)
     sources: list[str] | None = field(default=None)
+    parents: list[list[int]] | None = field(default=None)
 
 
 EventListener = Callable[[StepEvent], None]

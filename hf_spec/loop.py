@@ -26,7 +26,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import greedy_accept, speculative_sample
+from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree
 from .adaptive import AdaptiveK, make_controller
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
@@ -310,10 +310,12 @@ def _speculative_decode(
                 per_row[b].extend(values[i, : len(emitted[i])].to(torch.float32, copy=True).unbind(0))
 
     def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int,
-                     seconds: float) -> None:
+                     seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
         if session is not None:
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds))
+            if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
+                hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path))
 
     t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
     # ---- prefill: the target alone chooses each row's first token --------------------------------
@@ -363,11 +365,12 @@ def _speculative_decode(
         # per row: no more drafts than can still be emitted before max_length (the +1 is the target's token)
         budget = torch.tensor([max(0, min(k_asked, max_length - len(rows[b]) - 1)) for b in active], device=device)
         k_step = int(budget.max())
-        sources = None
+        sources = parents = None
         if k_step > 0:
-            drafts, num_drafted, draft_scores = _checked_draft(
+            drafts, num_drafted, draft_scores, parents = _checked_draft(
                 session, session.draft(sequences, k_step), n_rows, k_step, vocab_size, do_sample, device)
-            num_drafted = torch.minimum(num_drafted, budget)
+            if parents is None:  # a tree's rows end at max_length inside the accepted path (append_until_stop)
+                num_drafted = torch.minimum(num_drafted, budget)
             sources = session.last_sources
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
@@ -380,29 +383,50 @@ def _speculative_decode(
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
             out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1,
-                                 **hidden_kwargs)
+                                 parents=parents, **hidden_kwargs)
         logits = out.logits[:, -(k + 1):].float()
+        drafts_list = drafts.tolist()
+        parents_list = parents.tolist() if parents is not None else None
         if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all positions in one call
             target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
-        else:
+        else:  # position j scores the token after the row and the draft's tokens up to column j-1 (its root path)
             target_scores = torch.stack(
                 [process_scores([row_procs[b] for b in active],
-                                [torch.cat([rows[b], drafts[i, :j]]) for i, b in enumerate(active)],
+                                [torch.cat([rows[b], rows[b].new_tensor(
+                                    _root_path(drafts_list[i], parents_list[i] if parents_list else None, j - 1))])
+                                 for i, b in enumerate(active)],
                                 logits[:, j]) for j in range(k + 1)], dim=1)
-        if do_sample:
-            q = draft_scores.to(device).float().softmax(dim=-1) if draft_scores is not None else None
-            num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
-                                                          num_drafted)
+        q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
+        path = columns = None
+        if parents is None:
+            if do_sample:
+                num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
+                                                              num_drafted)
+            else:
+                num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
         else:
-            num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
-        n_acc, nxt, drafts_list = num_accepted.tolist(), next_token.tolist(), drafts.tolist()
-        emitted = [append_until_stop(b, drafts_list[i][: n_acc[i]] + [nxt[i]]) for i, b in enumerate(active)]
-        record(scores_out, target_scores, emitted)
-        record(logits_out, logits, emitted)
+            if do_sample:
+                num_accepted, path, next_token = speculative_sample_tree(
+                    drafts, parents, q, target_scores.softmax(dim=-1), generator, num_drafted)
+            else:
+                num_accepted, path, next_token = greedy_accept_tree(drafts, parents, target_scores, num_drafted)
+            # the verified positions along the accepted path: the root (column 0), then each accepted node
+            columns = torch.cat([path.new_zeros(n_rows, 1), (path + 1).clamp(min=0)], dim=1)
+        n_acc, nxt = num_accepted.tolist(), next_token.tolist()
+        accepted_tokens = [drafts_list[i][: n_acc[i]] if path is None else
+                           [drafts_list[i][j] for j in path[i, : n_acc[i]].tolist()] for i in range(n_rows)]
+        emitted = [append_until_stop(b, accepted_tokens[i] + [nxt[i]]) for i, b in enumerate(active)]
+        along = (lambda t: t) if columns is None else \
+            (lambda t: t.gather(1, columns[:, :, None].expand(-1, -1, t.shape[-1])))
+        record(scores_out, along(target_scores), emitted)
+        record(logits_out, along(logits), emitted)
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
-        ragged.truncate(before + 1 + num_accepted)
+        if path is None:
+            ragged.truncate(before + 1 + num_accepted)
+        else:
+            ragged.keep_path(num_accepted, path)
         now = clock(device)
-        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify)
+        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify, columns, path)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
         ndr = num_drafted.tolist()
@@ -412,6 +436,7 @@ def _speculative_decode(
                 [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
                 t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
                 rows=list(active), sources=sources,
+                parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
             )
         )
     if session is not None:
@@ -438,11 +463,13 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
                           f"LongTensor[{n_rows}, k' <= {k}], num_drafted LongTensor[{n_rows}] in 0..k', scores "
                           "[B, k', V] or None): see docs/architecture.md, 'Writing a drafter'")
 
-    if not (isinstance(out, tuple) and len(out) == 3):
+    if not (isinstance(out, tuple) and len(out) in (3, 4)):
         raise bad(f"{type(out).__name__} {len(out) if isinstance(out, (tuple, list)) else ''}".strip()
-                  + " instead of a 3-tuple")
-    tokens, num_drafted, scores = out
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != n_rows or tokens.shape[1] > k \
+                  + " instead of a 3-tuple (a chain) or a 4-tuple (a tree: parents last)")
+    tokens, num_drafted, scores = out[:3]
+    parents = out[3] if len(out) == 4 else None
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != n_rows \
+            or (parents is None and tokens.shape[1] > k) \
             or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
         raise bad(f"tokens of shape {shape} and dtype {getattr(tokens, 'dtype', None)}")
@@ -461,7 +488,32 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
         raise bad(f"scores of shape {tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}")
     if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0:
         raise bad("no scores under sampling although returns_scores is True")
-    return tokens, num_drafted, scores
+    if parents is not None:
+        from .acceptance import tree_depths
+
+        if not isinstance(parents, torch.Tensor) or tuple(parents.shape) != tuple(tokens.shape) \
+                or parents.is_floating_point():
+            raise bad(f"parents {parents!r} (a tree's parents: LongTensor of the tokens' shape)")
+        parents = parents.to(device=device, dtype=torch.long)
+        try:
+            depth = tree_depths(parents, num_drafted)
+        except ValueError as e:
+            raise bad(f"a tree whose {e}") from None
+        if n_rows and tokens.shape[1] and int(depth.max()) > k:
+            raise bad(f"a tree {int(depth.max())} tokens deep (a tree is at most k deep)")
+    return tokens, num_drafted, scores, parents
+
+
+def _root_path(tokens: list[int], parents: list[int] | None, node: int) -> list[int]:
+    """The drafted tokens from the root down to ``node`` (included; ``-1``: none): a chain's first ``node + 1``
+    tokens, or a tree's root path."""
+    if parents is None:
+        return tokens[: node + 1]
+    path = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def plan_num_speculative_tokens(num_speculative_tokens, drafter: Drafter | None) -> tuple[int, AdaptiveK | None]:

@@ -26,6 +26,14 @@ from .events import StepEvent
 __all__ = ["SpecStats", "count_positions"]
 
 
+def _tree_depth(parents: list[int]) -> int:
+    """How deep a draft tree reaches (its nodes' parents, ``-1``: the root; earlier nodes)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth, default=0)
+
+
 def count_positions(reached: list, accepted: list, k: int, num_accepted: int, weight: float = 1.0,
                     drafted: list | None = None, num_drafted: int = 0) -> None:
     """Count one row-step of a draft of up to k tokens into per-position lists (the one counting rule of the
@@ -95,7 +103,8 @@ class SpecStats:
                     StepEvent(event.step, event.num_speculative_tokens, [event.drafted[i]], [event.num_accepted[i]],
                               [event.emitted[i]], event.draft_time_s, event.verify_time_s, event.time_s,
                               [event.finished[i]], event.policy,
-                              sources=[event.sources[i]] if event.sources is not None else None))
+                              sources=[event.sources[i]] if event.sources is not None else None,
+                              parents=[event.parents[i]] if event.parents is not None else None))
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -119,8 +128,10 @@ class SpecStats:
             self.num_row_steps += 1
             self.num_emitted_tokens += len(emitted)
             k = event.num_speculative_tokens if event.step > 0 else 0
+            # a tree's positions are its depths: num_drafted is how deep it reaches
+            depth = len(drafted) if event.parents is None else _tree_depth(event.parents[i])
             count_positions(self.reached_per_position, self.accepted_per_position, k, accepted,
-                            drafted=self.drafted_per_position, num_drafted=len(drafted))
+                            drafted=self.drafted_per_position, num_drafted=depth)
             if drafted:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(drafted)

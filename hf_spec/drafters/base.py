@@ -84,6 +84,10 @@ class VerifyOutput:
             token, the one a Medusa head continues from.
         seconds: wall time of this forward and its acceptance rule, in seconds (the device synchronised), for
             drafters that weigh their own cost against it (the hybrid drafter).
+        path: after a draft tree (:meth:`Drafter.draft` returned parents), ``LongTensor[B, D]``: the accepted
+            nodes from the root's child down, padded with -1; ``hidden_states`` then holds the root's column and
+            the accepted path's, in that order, so column ``num_accepted[b]`` is again the newest token's.
+            ``None`` after a chain.
     """
 
     step: int
@@ -91,6 +95,7 @@ class VerifyOutput:
     num_accepted: torch.LongTensor
     hidden_states: torch.Tensor | None = None
     seconds: float = 0.0
+    path: torch.LongTensor | None = None
 
     def last_hidden_state(self) -> torch.Tensor:
         """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column
@@ -243,6 +248,13 @@ class Drafter:
             ``(tokens, num_drafted, scores)``: ``LongTensor[B, k']`` (``k' <= k``; row b's columns from
             ``num_drafted[b]`` on are filler), ``LongTensor[B]``, and for a drafter that samples, the
             processed logits ``Tensor[B, k', V]`` each token was drawn from (``None`` for a deterministic one).
+
+            Or a tree, ``(tokens, num_drafted, scores, parents)``: ``N`` nodes per row (any number; at most k
+            deep), ``parents LongTensor[B, N]`` the parent of each node (``-1``: a child of the row's last
+            token; otherwise an earlier node). Scores are then the distribution each node's token was drawn
+            from (at its parent), each node drawn independently of its siblings (repeats allowed), or ``None``
+            for deterministic nodes (:func:`~hf_spec.acceptance.speculative_sample_tree`). The target verifies
+            every node in one forward with a tree attention mask.
         """
         raise NotImplementedError
 
