@@ -193,16 +193,27 @@ def clock(device=None) -> float:
     return time.perf_counter()
 
 
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+#: the commit of the code this process imported: read at import, so a long benchmark that writes its report after
+#: later commits still names the code it ran (measured: a bench started at one commit reported the one made while
+#: it ran)
+COMMIT = _git_commit()
+
+
 def machine_info() -> dict:
-    """Date, commit, CPU model and features, threads, and library versions: the record beside a measurement."""
+    """Date, commit (of the code imported, :data:`COMMIT`), CPU model and features, threads, and library versions:
+    the record beside a measurement."""
     import torch
     import transformers
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip() or "?"
-    except OSError:
-        commit = "?"
+    commit = COMMIT
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
