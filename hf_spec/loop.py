@@ -68,6 +68,7 @@ def generate(
     streamer=None,
     drafter: Drafter | None = None,
     num_speculative_tokens: int | str | AdaptiveK | None = None,
+    num_tree_nodes: int | None = None,
     spec_streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     tokenizer=None,
@@ -92,6 +93,9 @@ def generate(
             (or an :class:`~hf_spec.adaptive.AdaptiveK` with chosen settings) picks k before every step from
             running measurements and switches speculation off where it does not pay. Never written onto the
             drafter: the loop passes each step's k to ``drafter.draft``.
+        num_tree_nodes: draft a tree of at most this many nodes per row and step (at most k deep), verified in
+            one forward with a tree attention mask; ``None`` or 0: a chain. The drafter must draft trees
+            (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads).
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``), the prompt
             put first. ``streamer=`` works too: transformers 5 puts the prompt into it and does not hand it on to
             ``custom_generate`` callables, so the loop takes it from ``generate``'s frame.
@@ -135,6 +139,7 @@ def generate(
         stopping_criteria=stopping_criteria,
         generation_config=generation_config,
         num_speculative_tokens=num_speculative_tokens,
+        num_tree_nodes=num_tree_nodes,
         cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before transformers 5.24
         streamer=streamer,
         event_listeners=event_listeners,
@@ -250,6 +255,7 @@ def _speculative_decode(
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig,
     num_speculative_tokens: int | str | AdaptiveK | None = None,
+    num_tree_nodes: int | None = None,
     cache: DynamicCache | None = None,
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
@@ -257,6 +263,7 @@ def _speculative_decode(
 ) -> SpeculativeOutput:
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
+    num_tree_nodes = _check_tree_nodes(num_tree_nodes, drafter)
     bsz = input_ids.shape[0]
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
@@ -367,8 +374,10 @@ def _speculative_decode(
         k_step = int(budget.max())
         sources = parents = None
         if k_step > 0:
+            proposal = session.draft_tree(sequences, k_step, num_tree_nodes) if num_tree_nodes else \
+                session.draft(sequences, k_step)
             drafts, num_drafted, draft_scores, parents = _checked_draft(
-                session, session.draft(sequences, k_step), n_rows, k_step, vocab_size, do_sample, device)
+                session, proposal, n_rows, k_step, vocab_size, do_sample, device, num_tree_nodes)
             if parents is None:  # a tree's rows end at max_length inside the accepted path (append_until_stop)
                 num_drafted = torch.minimum(num_drafted, budget)
             sources = session.last_sources
@@ -447,7 +456,24 @@ def _speculative_decode(
                              logits=_per_token(logits_out, generation_config))
 
 
-def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device):
+def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> int:
+    """A call's ``num_tree_nodes`` as an int (0: chains).
+
+    Raises:
+        ValueError: not an integer >= 0, or a tree asked of a drafter that drafts chains only.
+    """
+    if num_tree_nodes is None:
+        return 0
+    if isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, int) or num_tree_nodes < 0:
+        raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain), got {num_tree_nodes!r}")
+    if num_tree_nodes and drafter is not None and not drafter.drafts_trees:
+        raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
+                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter)")
+    return num_tree_nodes
+
+
+def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,
+                   num_tree_nodes: int = 0):
     """A drafter's ``draft`` output, checked before the target sees it: ``(LongTensor[B, k' <= k],
     LongTensor[B] in 0..k', scores [B, k', V] or None)``, tokens and counts moved to ``device``; a drafter
     that samples must return its scores (without them the acceptance rule would take its tokens as certain,
@@ -486,8 +512,8 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
     if scores is not None and (not isinstance(scores, torch.Tensor) or tuple(scores.shape[:2]) != tuple(tokens.shape)
                                or scores.dim() != 3):
         raise bad(f"scores of shape {tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}")
-    if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0:
-        raise bad("no scores under sampling although returns_scores is True")
+    if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0 and parents is None:
+        raise bad("no scores under sampling although returns_scores is True")  # a tree without scores: deterministic
     if parents is not None:
         from .acceptance import tree_depths
 
@@ -495,12 +521,15 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
                 or parents.is_floating_point():
             raise bad(f"parents {parents!r} (a tree's parents: LongTensor of the tokens' shape)")
         parents = parents.to(device=device, dtype=torch.long)
+        parents = torch.where(cols[None, :] < num_drafted[:, None], parents, -1)  # filler nodes: never read
         try:
             depth = tree_depths(parents, num_drafted)
         except ValueError as e:
             raise bad(f"a tree whose {e}") from None
         if n_rows and tokens.shape[1] and int(depth.max()) > k:
             raise bad(f"a tree {int(depth.max())} tokens deep (a tree is at most k deep)")
+        if num_tree_nodes and tokens.shape[1] > num_tree_nodes:
+            raise bad(f"a tree of {tokens.shape[1]} nodes (at most num_tree_nodes={num_tree_nodes})")
     return tokens, num_drafted, scores, parents
 
 

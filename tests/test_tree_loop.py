@@ -121,7 +121,16 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
         assert stats.num_target_forwards < stats.num_emitted_tokens
 
 
-def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch):  # noqa: F811
+def _medusa_tree(target, draft):
+    from .test_medusa import random_heads
+
+    heads = random_heads(n=2, vocab=target.config.vocab_size, hidden=target.config.hidden_size, seed=3, scale=1.0)
+    return hf_spec.MedusaDrafter(heads.bind(target), 2)
+
+
+@pytest.mark.parametrize("make,nodes", [(lambda target, draft: ModelTreeDrafter(draft, 2), None), (_medusa_tree, 6)],
+                         ids=["sampled-model-tree", "medusa-top-k-tree"])
+def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch, make, nodes):  # noqa: F811
     target, draft = pair
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
@@ -130,11 +139,13 @@ def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkey
 
     def counts(seed):
         """N_RUNS independent samples, as the rows of a few batches (each row samples on its own)."""
+        drafter = make(target, draft)  # before seeding: building random heads seeds the global generator
         torch.manual_seed(seed)
         found, accepted = {}, 0
         for _ in range(N_RUNS // 300):
-            out = hf_spec.speculative_decode(target, PROMPT.expand(300, -1), ModelTreeDrafter(draft, 2),
-                                             logits_processor=procs, stopping_criteria=stop, generation_config=cfg)
+            out = hf_spec.speculative_decode(target, PROMPT.expand(300, -1), drafter,
+                                             logits_processor=procs, stopping_criteria=stop, generation_config=cfg,
+                                             num_tree_nodes=nodes)
             for row in out.sequences[:, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist():
                 found[tuple(row)] = found.get(tuple(row), 0) + 1
             accepted += out.stats.num_accepted_tokens
@@ -182,3 +193,69 @@ def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_promp
         later += sum(_took_a_later_sibling(e.drafted[0], e.parents[0], e.emitted[0][:e.num_accepted[0]])
                      for e in events[1:] if e.parents)
     assert later > 0
+
+
+def test_sparse_tree_takes_the_likeliest_paths_and_their_parents():
+    from hf_spec.drafters.medusa import sparse_tree
+
+    assert sparse_tree([[0.9, 0.05], [0.8, 0.1]], 3) == [(0,), (0, 0), (0, 1)]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        acc = torch.rand(4, 5, generator=g).sort(dim=1, descending=True).values.tolist()
+        tree = sparse_tree(acc, 12)
+        assert len(tree) == 12 and all(len(p) == 1 or p[:-1] in tree for p in tree)
+        score = lambda p: torch.tensor([acc[d][r] for d, r in enumerate(p)]).prod()  # noqa: E731
+        worst_in = min(score(p) for p in tree)
+        # no path left out (whose parent is in) beats a chosen one
+        for p in tree:
+            for r in range(5):
+                child = p + (r,)
+                if len(child) <= 4 and child not in tree:
+                    assert score(child) <= worst_in + 1e-6
+    with pytest.raises(ValueError, match="num_nodes"):
+        sparse_tree([[0.5]], 0)
+
+
+def test_medusa_tree_greedy_is_exact_and_bad_trees_are_refused():
+    from .conftest import tiny_llama
+    from .test_medusa import random_heads
+
+    target = tiny_llama()
+    heads = random_heads(n=3, seed=1).bind(target)
+    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])
+    ref = target.generate(prompt, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    stats = []
+    for nodes in (1, 10, 40):
+        out = target.generate(prompt, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                              custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                              drafter=hf_spec.MedusaDrafter(heads, 3), num_tree_nodes=nodes)
+        assert out.sequences.tolist() == ref.tolist(), nodes
+        stats.append(out.stats)
+    assert stats[0].num_draft_tokens < stats[1].num_draft_tokens < stats[2].num_draft_tokens
+    assert stats[2].num_accepted_tokens > 0
+    kw = dict(max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate)
+    with pytest.raises(ValueError, match="drafts chains only"):
+        target.generate(prompt, drafter=hf_spec.NgramDrafter(3), num_tree_nodes=8, **kw)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="num_tree_nodes must be an integer"):
+            target.generate(prompt, drafter=hf_spec.MedusaDrafter(heads, 3), num_tree_nodes=bad, **kw)
+
+
+def test_medusa_measures_each_heads_rank_accuracy_from_what_the_target_emitted():
+    from hf_spec.drafters.medusa import PRIOR_WEIGHT, prior_accuracy
+
+    from .conftest import tiny_llama
+    from .test_medusa import random_heads
+
+    target = tiny_llama()
+    d = hf_spec.MedusaDrafter(random_heads(n=3, seed=1).bind(target), 3).start(
+        target, torch.tensor([[0, 5]]), GenerationConfig(do_sample=False))
+    d._top = torch.tensor([[[4, 5, 6, 7, 8, 9, 10, 11], [1, 2, 3, 12, 13, 14, 15, 16], [0] * 8]])  # [B=1, k=3, R]
+    d._lengths = [2]
+    d._count([torch.tensor([0, 5, 5, 3])])  # the target emitted 5 (head 0's rank 1), then 3 (head 1's rank 2)
+    assert d._trials == [1.0, 1.0, 0.0]
+    assert d._hits[0][1] == 1 and d._hits[1][2] == 1 and sum(map(sum, d._hits)) == 2
+    acc = d.accuracy(3)
+    assert acc[0][1] == pytest.approx((1 + PRIOR_WEIGHT * prior_accuracy(0, 1)) / (1 + PRIOR_WEIGHT))
+    assert acc[0][0] == pytest.approx(PRIOR_WEIGHT * prior_accuracy(0, 0) / (1 + PRIOR_WEIGHT))
+    assert acc[2][0] == pytest.approx(prior_accuracy(2, 0))

@@ -144,6 +144,8 @@ class Drafter:
     #: after :meth:`draft`, optionally: per row, the name of the source that drafted it (the hybrid drafter's
     #: ``"suffix"`` or its model drafter's method); the loop copies it into ``StepEvent.sources``
     last_sources: list[str] | None = None
+    #: True when :meth:`draft_tree` drafts trees (the loop calls it when a call sets ``num_tree_nodes``)
+    drafts_trees: bool = False
 
     def __init__(self, num_speculative_tokens: int | None = None):
         cap = self.max_num_speculative_tokens
@@ -257,6 +259,16 @@ class Drafter:
             every node in one forward with a tree attention mask.
         """
         raise NotImplementedError
+
+    def draft_tree(self, sequences: list[torch.LongTensor], k: int, num_nodes: int):
+        """Propose a tree of at most ``num_nodes`` nodes and k deep after each row's sequence (drafters with
+        :attr:`drafts_trees`; the loop calls it instead of :meth:`draft` when a call sets ``num_tree_nodes``).
+
+        Returns:
+            ``(tokens [B, N], num_drafted [B], scores [B, N, V] or None, parents [B, N])``, ``N <= num_nodes``:
+            the tree form of :meth:`draft`'s return.
+        """
+        raise NotImplementedError(f"the {self.method} drafter drafts chains only")
 
     def catch_up_cost(self, sequences: list[torch.LongTensor]) -> float:
         """The one-off work the next :meth:`draft` on ``sequences`` would do before its usual per-step work, in

@@ -3,10 +3,19 @@
 Medusa (Cai et al. 2024) drafts with no extra model forward: the hidden state the target computed at the
 last accepted position, in the verify forward that just ran, goes through N small heads; head i proposes
 the token i + 2 positions ahead (the target's own ``lm_head`` gave the token at i + 1, which the loop has
-already emitted). hf-spec proposes the top-1 chain (one candidate per head, no tree) and verifies it with
+already emitted). By default hf-spec proposes the top-1 chain (one candidate per head) and verifies it with
 the same acceptance rule as every drafter, so greedy output is token-identical to the target's and
 sampling is distribution-exact: under sampling each head's token is drawn from the head's logits after the
 call's logits processors, and that distribution is q in speculative sampling.
+
+With ``num_tree_nodes=N`` in the call it proposes Medusa's candidate tree instead (Cai et al. 2024, section 2.1.2, "tree attention"):
+a node at depth d is a path ``(r_1, .., r_d)`` of ranks, its token head d's r_d-th most likely one, its parent
+the path without its last rank; the target verifies every node in one forward
+(:func:`~hf_spec.acceptance.greedy_accept_tree`). The nodes are deterministic given the text (top-ranked
+tokens), so under sampling q is one-hot and recursive rejection sampling keeps the target's distribution.
+:func:`sparse_tree` chooses the N paths from per-(head, rank) accuracies, as Medusa's sparse trees do
+(measured in the call: each tree step's ranked tokens are scored against the tokens the target emitted after
+it, starting from :func:`prior_accuracy`).
 
 The drafter asks the loop for the target's hidden states (``needs_hidden_states``): after every target
 forward, plain or speculative, the loop hands it the last hidden states (after the final norm, what
@@ -25,7 +34,55 @@ import torch
 from ..medusa.heads import MedusaHeads
 from .base import Drafter, VerifyOutput, check_num_speculative_tokens
 
-__all__ = ["MedusaDrafter"]
+__all__ = ["MedusaDrafter", "sparse_tree"]
+
+#: the ranks per head a tree may use
+RANKS = 8
+#: how many observations the prior counts for, against a call's measured hits
+PRIOR_WEIGHT = 8.0
+
+
+def prior_accuracy(d: int, r: int) -> float:
+    """The probability that head d's rank-r token is the target's (d, r from 0) before any was measured:
+    ~0.6 x 0.7^d x 0.45^r, the shape of Medusa-1's reported top-k accuracies (each head less accurate than the
+    one before, each rank less than the one above)."""
+    return 0.6 * 0.7 ** d * 0.45 ** r
+
+
+
+
+def sparse_tree(accuracy: list[list[float]], num_nodes: int) -> list[tuple[int, ...]]:
+    """Medusa's sparse candidate tree: the ``num_nodes`` rank paths with the largest expected acceptance.
+
+    A path ``(r_1, .., r_d)`` is accepted when head i's rank-r_i token is the target's at depth i for every i,
+    with probability ~ the product of ``accuracy[i][r_i]`` (heads taken as independent, as Medusa does). Paths
+    are taken best first; a path's product never exceeds its parent's, so every chosen path's parent is chosen
+    too (Cai et al. 2024, "Medusa", section 2.1.2 and appendix: sparse trees from calibrated accuracies).
+
+    Args:
+        accuracy: ``accuracy[d][r]``, the probability that head d's rank-r token is the target's (d, r from 0).
+        num_nodes: how many nodes (>= 1).
+
+    Returns:
+        the paths (tuples of ranks), by depth then rank: a parent before its children.
+
+    Raises:
+        ValueError: ``num_nodes`` < 1 or no accuracies.
+    """
+    import heapq
+
+    if num_nodes < 1 or not accuracy or not accuracy[0]:
+        raise ValueError(f"need num_nodes >= 1 and accuracies for at least one head and rank, got {num_nodes}")
+    heap = [(-a, (r,)) for r, a in enumerate(accuracy[0])]
+    heapq.heapify(heap)
+    chosen: list[tuple[int, ...]] = []
+    while heap and len(chosen) < num_nodes:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < len(accuracy):
+            for r, a in enumerate(accuracy[len(path)]):
+                heapq.heappush(heap, (neg * a, path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
 
 
 class MedusaDrafter(Drafter):
@@ -35,6 +92,7 @@ class MedusaDrafter(Drafter):
         heads: :class:`~hf_spec.medusa.heads.MedusaHeads`, or the path of a heads folder (vLLM's or
             FasterDecoding's layout, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads.
         num_speculative_tokens: k, tokens drafted per step; at most the number of heads (default: all heads).
+            With a tree (``num_tree_nodes``), the most heads a path uses (its depth).
 
     Raises:
         ValueError: k < 1 or k > the number of heads.
@@ -44,6 +102,7 @@ class MedusaDrafter(Drafter):
 
     method = "medusa"
     returns_scores = True
+    drafts_trees = True
     needs_hidden_states = True
     spec_argument = "DIR"
 
@@ -109,6 +168,11 @@ class MedusaDrafter(Drafter):
             raise ValueError(f"the Medusa heads are on {next(self.heads.parameters()).device}, the target's lm_head on "
                              f"{self._lm_head.device}: put them on one device (heads.to(device)) before generating")
         self._last = None
+        # per (head, rank): how often head d's rank-r token was the target's, where the text reached depth d
+        self._hits = [[0.0] * RANKS for _ in range(self.heads.num_heads)]
+        self._trials = [0.0] * self.heads.num_heads
+        self._top: torch.Tensor | None = None  # [B, k, RANKS]: the last tree step's ranked tokens per head
+        self._lengths: list[int] | None = None  # the rows' lengths at that step
 
     def update(self, verified: VerifyOutput) -> None:
         self._last = verified.last_hidden_state()
@@ -116,6 +180,31 @@ class MedusaDrafter(Drafter):
     def select_rows(self, rows):
         if self._last is not None:
             self._last = self._last[rows.to(self._last.device)]
+        if self._top is not None:
+            self._top = self._top[rows.to(self._top.device)]
+            self._lengths = [self._lengths[int(r)] for r in rows]
+
+    def accuracy(self, depth: int) -> list[list[float]]:
+        """``[d][r]``: the estimated probability that head d's rank-r token is the target's (d < depth): this
+        call's counts where the text reached depth d, plus :data:`PRIOR_WEIGHT` observations of
+        :func:`prior_accuracy`."""
+        return [[(self._hits[d][r] + PRIOR_WEIGHT * prior_accuracy(d, r)) / (self._trials[d] + PRIOR_WEIGHT)
+                 for r in range(RANKS)] for d in range(depth)]
+
+    def _count(self, sequences) -> None:
+        """Score the last tree step's ranked tokens against what the target emitted after it (the tokens the rows
+        gained since): head d is judged where the first d - 1 emitted tokens were its predecessors' (the text
+        reached depth d), as the accepted path shows."""
+        if self._top is None:
+            return
+        for b, seq in enumerate(sequences):
+            new = seq[self._lengths[b]:].tolist()
+            for d, token in enumerate(new[: self._top.shape[1]]):
+                self._trials[d] += 1
+                ranks = (self._top[b, d] == token).nonzero()
+                if len(ranks):
+                    self._hits[d][int(ranks[0])] += 1
+        self._top = None
 
     @torch.no_grad()
     def draft(self, sequences, k):
@@ -134,3 +223,29 @@ class MedusaDrafter(Drafter):
         num_drafted = torch.full((len(seqs),), k, dtype=torch.long)
         do_sample = bool(self.generation_config.do_sample)
         return torch.stack(tokens, dim=1), num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
+
+    @torch.no_grad()
+    def draft_tree(self, sequences, k, num_nodes):
+        """Medusa's sparse tree of ``num_nodes`` rank paths at most k deep (:func:`sparse_tree`), every node a head's
+        top-ranked token: ``(tokens [B, N], num_drafted [B], None, parents [B, N])``; deterministic, so q is
+        one-hot under sampling."""
+        if self._last is None or self._last.shape[0] != len(sequences):
+            raise RuntimeError("MedusaDrafter.draft_tree() before the target's first forward: the loop calls start() "
+                               "and update() first")
+        self._count(sequences)
+        paths = sparse_tree(self.accuracy(k), num_nodes)
+        out = self.tree_of_paths(paths, k)
+        self._lengths = [len(s) for s in sequences]
+        return out
+
+    @torch.no_grad()
+    def tree_of_paths(self, paths: list[tuple[int, ...]], k: int):
+        """The rank ``paths`` (tuples, each with its parent among them, by depth) as a draft tree from the heads'
+        logits at each row's newest token: ``(tokens [B, N], num_drafted [B], None, parents [B, N])``."""
+        logits = self.heads(self._last, num_heads=k, lm_head=self._lm_head).float()  # [B, k, V]
+        index = {p: j for j, p in enumerate(paths)}
+        top = logits.topk(min(RANKS, logits.shape[-1]), dim=-1).indices  # [B, k, R]
+        self._top = top
+        tokens = torch.stack([top[:, len(p) - 1, p[-1]] for p in paths], dim=1)
+        parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths]).expand(len(tokens), -1)
+        return tokens, torch.full((len(tokens),), len(paths), dtype=torch.long), None, parents.clone()
