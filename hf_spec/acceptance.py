@@ -166,21 +166,31 @@ def tree_depths(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) ->
     Raises:
         ValueError: a real node whose parent is not an earlier node or -1.
     """
-    if parents.dim() != 2:
-        raise ValueError(f"parents must be [B, N], got shape {tuple(parents.shape)}")
     bsz, n = parents.shape
-    real = _real(parents, num_nodes)
-    index = torch.arange(n, device=parents.device)
-    bad = real & ((parents < -1) | (parents >= index))
-    if bool(bad.any()):
-        b, j = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(f"node {j} of row {b} has parent {int(parents[b, j])}: a node's parent must be -1 (the root) "
-                         "or an earlier node (topological order)")
+    real = check_parents(parents, num_nodes)
     depth = torch.zeros(bsz, n + 1, dtype=torch.long, device=parents.device)  # column 0: the root
     parents = torch.where(real, parents, -1)  # filler: never read
     for j in range(n):
         depth[:, j + 1] = torch.where(real[:, j], depth.gather(1, (parents[:, j:j + 1] + 1).clamp(min=0)).squeeze(1) + 1, 0)
     return depth[:, 1:]
+
+
+def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> torch.Tensor:
+    """Check that every real node's parent is -1 (the root) or an earlier node (``parents [B, N]``; ``num_nodes``
+    as in :func:`tree_depths`) and return which nodes are real (``BoolTensor[B, N]``).
+
+    Raises:
+        ValueError: the shape is not ``[B, N]``, or a real node's parent is neither -1 nor an earlier node.
+    """
+    if parents.dim() != 2:
+        raise ValueError(f"parents must be [B, N], got shape {tuple(parents.shape)}")
+    real = _real(parents, num_nodes)
+    bad = real & ((parents < -1) | (parents >= torch.arange(parents.shape[1], device=parents.device)))
+    if bool(bad.any()):
+        b, j = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"node {j} of row {b} has parent {int(parents[b, j])}: a node's parent must be -1 (the root) "
+                         "or an earlier node (topological order)")
+    return real
 
 
 def _path(parents: torch.Tensor, last: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:

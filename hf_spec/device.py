@@ -193,27 +193,17 @@ def clock(device=None) -> float:
     return time.perf_counter()
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
-#: the commit of the code this process imported: read at import, so a long benchmark that writes its report after
-#: later commits still names the code it ran (measured: a bench started at one commit reported the one made while
-#: it ran)
-COMMIT = _git_commit()
-
-
 def machine_info() -> dict:
-    """Date, commit (of the code imported, :data:`COMMIT`), CPU model and features, threads, and library versions:
-    the record beside a measurement."""
+    """Date, commit, CPU model and features, threads, and library versions: the record beside a measurement. Take
+    it when the measurement starts: the commit is the checkout's HEAD at the time of the call."""
     import torch
     import transformers
 
-    commit = COMMIT
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -141,6 +141,7 @@ class RaggedCache:
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
+        self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -232,7 +233,7 @@ class RaggedCache:
     def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(depth [B, n], sees [B, n, n])`` for a block of the root and a tree's nodes: each slot's depth (the
         root 0) and which block slots each one sees (itself, its ancestors, the root; filler: itself only)."""
-        from .acceptance import tree_depths
+        from .acceptance import check_parents
 
         impl = model.config.get_text_config()._attn_implementation
         if impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -241,8 +242,7 @@ class RaggedCache:
                              "with attn_implementation='sdpa', or draft chains (no tree)")
         bsz, n = block_valid.shape
         real = block_valid[:, 1:]
-        depth = torch.cat([torch.zeros(bsz, 1, dtype=torch.long, device=parents.device),
-                           tree_depths(parents, real.sum(dim=1))], dim=1)
+        check_parents(parents, real.sum(dim=1))
         parents = torch.where(real, parents, -2)  # filler: no ancestors
         sees = torch.zeros(bsz, n, n, dtype=torch.bool, device=parents.device)
         sees[:, 0, 0] = True
@@ -251,6 +251,8 @@ class RaggedCache:
             up = parents[:, j - 1] + 1  # the parent's slot (-1: none)
             sees[:, j] = torch.where((up >= 0)[:, None], sees[rows, up.clamp(min=0)], False)
             sees[:, j, j] = True
+        # a slot's depth is the number of its ancestors (the root included); the root and filler see only themselves
+        depth = sees.sum(dim=-1) - 1
         return depth, sees
 
     def keep_path(self, num_accepted: torch.Tensor, path: torch.Tensor) -> None:
@@ -258,6 +260,8 @@ class RaggedCache:
         node indices from the root's child down, as :func:`~hf_spec.acceptance.greedy_accept_tree` returns them),
         moved right after the root in the cache, and drop every other node (the block's tail is cropped)."""
         start = self._tree_start  # the block of the last forward: the root, then the tree's nodes
+        if start is None:
+            raise RuntimeError("keep_path() follows a forward(..., parents=...) of a draft tree")
         width, depth = self.valid.shape[1] - start, path.shape[1]
         index = torch.zeros(self.valid.shape[0], width, dtype=torch.long, device=self.valid.device)
         if depth:
@@ -270,6 +274,7 @@ class RaggedCache:
         keep = torch.arange(width, device=self.valid.device)[None, :] <= num_accepted.to(self.valid.device)[:, None]
         self.valid[:, start:] = keep & self.valid[:, start:start + 1]
         self.lengths = self.lengths + num_accepted.to(self.lengths.device)
+        self._tree_start = None
         self.truncate(self.lengths)
 
     def truncate(self, keep: torch.Tensor) -> None:

@@ -52,6 +52,8 @@ def run_bench_command(args) -> int:
     dtype = resolve_dtype(args.dtype, device_map)
     draft_dtype = _draft_dtype(dtype, args.draft_dtype)
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
+    # the record of the code and machine as the run starts (a long run's report is written after later commits)
+    machine = machine_info()
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
@@ -59,7 +61,7 @@ def run_bench_command(args) -> int:
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
-    config = dict(machine_info(), target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
+    config = dict(machine, target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
                   categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
                   draft_dtype=str(draft_dtype).replace("torch.", ""), device_map=device_map, device=str(target.device),
