@@ -95,7 +95,7 @@ def generate(
             drafter: the loop passes each step's k to ``drafter.draft``.
         num_tree_nodes: draft a tree of at most this many nodes per row and step (at most k deep), verified in
             one forward with a tree attention mask; ``None`` or 0: a chain. The drafter must draft trees
-            (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads).
+            (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads, a draft model).
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``), the prompt
             put first. ``streamer=`` works too: transformers 5 puts the prompt into it and does not hand it on to
             ``custom_generate`` callables, so the loop takes it from ``generate``'s frame.
@@ -468,7 +468,7 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> int:
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain), got {num_tree_nodes!r}")
     if num_tree_nodes and drafter is not None and not drafter.drafts_trees:
         raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
-                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter)")
+                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter)")
     return num_tree_nodes
 
 

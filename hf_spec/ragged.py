@@ -100,6 +100,19 @@ def crop_cache_to(cache, length: int) -> None:
         cache.crop(-extra)
 
 
+def _check_tree_attention(model) -> None:
+    """Refuse a model whose attention implementation takes no custom 4D mask (a tree's attention needs one).
+
+    Raises:
+        ValueError: naming the implementation and what to load instead.
+    """
+    impl = model.config.get_text_config()._attn_implementation
+    if impl not in WINDOW_MASK_IMPLEMENTATIONS:
+        raise ValueError(f"a draft tree needs a custom 4D attention mask, which hf-spec builds for the 'sdpa' and "
+                         f"'eager' attention implementations only; {type(model).__name__} runs {impl!r}: load it "
+                         "with attn_implementation='sdpa', or draft chains (no tree)")
+
+
 class RaggedCache:
     """A ``DynamicCache`` whose rows hold sequences of different lengths, with holes where tokens were rejected.
 
@@ -142,6 +155,8 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
+        # a tree fed level by level (forward_nodes): its first slot, which nodes each node sees, their depths
+        self._nodes: tuple[int, torch.Tensor, torch.Tensor] | None = None
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -166,14 +181,24 @@ class RaggedCache:
         total, n = self.valid.shape[1], position_ids.shape[1]
         old = total - n
         slots = torch.arange(total, device=self.valid.device)
-        own = slots[None, :] == slots[old:, None]  # [n, T]
         if within is None:
             within = (slots[None, old:] <= slots[old:, None])[None]  # causal within the block
         seen = self.valid[:, None, :].expand(-1, n, -1).clone()  # [B, n, T]
         seen[:, :, old:] &= within
-        masks = {"full_attention": seen | own}
+        key_positions = None
         if self.window is not None:
             key_positions = torch.cat([self.valid[:, :old].to(torch.long).cumsum(dim=1) - 1, position_ids], dim=1)
+        return self._format_masks(model, seen, position_ids, key_positions)
+
+    def _format_masks(self, model, seen: torch.Tensor, position_ids: torch.Tensor, key_positions: torch.Tensor | None):
+        """The masks of :meth:`_masks` from ``seen [B, n, T]`` (which slots each of the last n slots' queries sees,
+        before any window), the queries' ``position_ids [B, n]`` and, with a sliding window, every slot's position
+        ``key_positions [B, T]``. Each query also sees its own slot."""
+        total, n = seen.shape[2], seen.shape[1]
+        slots = torch.arange(total, device=seen.device)
+        own = slots[None, :] == slots[total - n:, None]  # [n, T]
+        masks = {"full_attention": seen | own}
+        if self.window is not None:
             in_window = position_ids[:, :, None] - key_positions[:, None, :] < self.window
             masks["sliding_attention"] = (seen & in_window) | own
         if model.config.get_text_config()._attn_implementation == "eager":
@@ -184,6 +209,65 @@ class RaggedCache:
         if self.window is None:
             return masks["full_attention"]
         return masks["sliding_attention"] if all(self._sliding) else masks
+
+    def forward_nodes(self, model, tokens: torch.LongTensor, parents: torch.LongTensor, **model_kwargs):
+        """Feed one level of a draft tree that grows over several forwards (a draft model expanding its own tree,
+        as in EAGLE-2): each node sees its row's valid slots, its ancestors fed by earlier calls and itself, at
+        the position of its depth. The nodes are not part of any row's sequence (their slots are holes to every
+        other forward); :meth:`truncate` drops them, or a forward of the sequence's next tokens leaves them
+        behind as holes.
+
+        Args:
+            model: a ``transformers`` causal LM (attention implementation ``sdpa`` or ``eager``).
+            tokens: ``LongTensor[B, n]``, the level's nodes.
+            parents: ``LongTensor[B, n]``, each node's parent: ``-1`` for the row's last token (the tree's root, the
+                last valid slot), else the index of a node fed since the tree began (0 = the first node of the
+                first call).
+            **model_kwargs: passed to ``model``.
+
+        Returns:
+            the model output, ``logits [B, n, V]``.
+
+        Raises:
+            ValueError: the attention implementation takes no custom 4D mask, or a parent that is not an earlier
+                node.
+        """
+        _check_tree_attention(model)
+        bsz, n = tokens.shape
+        device = self.valid.device
+        parents = parents.to(device)
+        if self._nodes is None:  # the tree's first level: its nodes start at the current end of the cache
+            self._nodes = (self.valid.shape[1], torch.zeros(bsz, 0, 0, dtype=torch.bool, device=device),
+                           torch.zeros(bsz, 0, dtype=torch.long, device=device))
+        start, sees, depth = self._nodes
+        fed = sees.shape[1]
+        if bool(((parents < -1) | (parents >= fed)).any()):
+            raise ValueError(f"forward_nodes: parents must be -1 or one of the {fed} nodes fed before, got "
+                             f"{parents.tolist()}")
+        up = parents.clamp(min=0)
+        rows = torch.arange(bsz, device=device)[:, None]
+        has_parent = (parents >= 0)[:, :, None]
+        new_sees = torch.zeros(bsz, n, fed + n, dtype=torch.bool, device=device)
+        if fed:  # a node sees its parent's ancestors and its parent
+            new_sees[:, :, :fed] = torch.where(
+                has_parent, sees[rows, up] | torch.nn.functional.one_hot(up, fed).bool(), False)
+        new_sees[:, :, fed:] = torch.eye(n, dtype=torch.bool, device=device)
+        new_depth = torch.where(parents >= 0, depth.gather(1, up) if fed else depth.new_zeros(bsz, n), 0) + 1
+        sees = torch.cat([torch.nn.functional.pad(sees, (0, n)), new_sees], dim=1)
+        depth = torch.cat([depth, new_depth], dim=1)
+        self._nodes = (start, sees, depth)
+        position_ids = self.lengths[:, None] + new_depth - 1
+        self.valid = torch.cat([self.valid, torch.zeros(bsz, n, dtype=torch.bool, device=device)], dim=1)
+        seen = torch.zeros(bsz, n, self.valid.shape[1], dtype=torch.bool, device=device)
+        seen[:, :, :start] = self.valid[:, None, :start]
+        seen[:, :, start:start + fed + n] = new_sees
+        key_positions = None
+        if self.window is not None:
+            key_positions = torch.cat([self.valid[:, :start].to(torch.long).cumsum(dim=1) - 1,
+                                       self.lengths[:, None] + depth - 1], dim=1)
+        mask = self._format_masks(model, seen, position_ids, key_positions)
+        return model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                     logits_to_keep=n, **{cache_kwarg(model): self.cache}, **model_kwargs)
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 parents: torch.Tensor | None = None, **model_kwargs):
@@ -212,6 +296,7 @@ class RaggedCache:
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
         block_valid = block_valid.to(self.valid.device)
+        self._nodes = None  # a draft tree's nodes fed before stay behind as holes
         within = None
         if parents is None:
             offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
@@ -235,11 +320,7 @@ class RaggedCache:
         root 0) and which block slots each one sees (itself, its ancestors, the root; filler: itself only)."""
         from .acceptance import check_parents
 
-        impl = model.config.get_text_config()._attn_implementation
-        if impl not in WINDOW_MASK_IMPLEMENTATIONS:
-            raise ValueError(f"verifying a draft tree needs a custom 4D attention mask, which hf-spec builds for the "
-                             f"'sdpa' and 'eager' attention implementations only; this model runs {impl!r}: load it "
-                             "with attn_implementation='sdpa', or draft chains (no tree)")
+        _check_tree_attention(model)
         bsz, n = block_valid.shape
         real = block_valid[:, 1:]
         check_parents(parents, real.sum(dim=1))
@@ -291,6 +372,8 @@ class RaggedCache:
         if total < self.valid.shape[1]:
             crop_cache_to(self.cache, total)
             self.valid = self.valid[:, :total]
+        if self._nodes is not None and total <= self._nodes[0]:
+            self._nodes = None  # the tree's nodes are gone
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only the given batch rows (drop finished ones).

@@ -27,8 +27,13 @@ def tiny_mistral(window: int, seed: int = 0, noise: float = 0.0):
 
 
 def drafters(draft, target, k):
-    return [hf_spec.NgramDrafter(k), hf_spec.DraftModelDrafter(draft, k),
-            hf_spec.MedusaDrafter(random_heads(n=3, seed=1).bind(target), min(k, 3))]
+    """(drafter, num_tree_nodes) pairs: chains of each kind, and at k > 1 the draft model's and Medusa's trees (the
+    target's tree mask and the draft's level-by-level tree mask count the window in positions too)."""
+    heads = random_heads(n=3, seed=1).bind(target)
+    chains = [(hf_spec.NgramDrafter(k), 0), (hf_spec.DraftModelDrafter(draft, k), 0),
+              (hf_spec.MedusaDrafter(heads, min(k, 3)), 0)]
+    trees = [(hf_spec.DraftModelDrafter(draft, k), 7), (hf_spec.MedusaDrafter(heads, min(k, 3)), 7)] if k > 1 else []
+    return chains + trees
 
 
 BATCH = torch.tensor([[1, 1, 1, 1, 0, 5, 9, 5, 9, 5, 3], [0, 7, 3, 7, 3, 7, 3, 7, 3, 7, 3], [1, 1, 1, 1, 1, 1, 1, 1, 0, 4, 4]])
@@ -45,11 +50,11 @@ def test_exact_within_and_past_the_window_single_and_batched(window, attn):
     for inputs in (dict(input_ids=PROMPT), dict(input_ids=BATCH, attention_mask=BATCH_MASK)):
         ref = target.generate(**inputs, max_new_tokens=30, do_sample=False)
         for k in (1, 3):
-            for drafter in drafters(draft, target, k):
+            for drafter, nodes in drafters(draft, target, k):
                 steps = []
                 out = target.generate(**inputs, max_new_tokens=30, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
-                                      drafter=drafter, event_listeners=[steps.append])
-                assert out.sequences.tolist() == ref.tolist(), (drafter.method, k)
+                                      drafter=drafter, num_tree_nodes=nodes, event_listeners=[steps.append])
+                assert out.sequences.tolist() == ref.tolist(), (drafter.method, k, nodes)
                 if window == 8 and drafter.method != "medusa":  # rejections happened past the window
                     assert any(int(n) < k for e in steps[1:] for n in e.num_accepted), drafter.method
 

@@ -121,6 +121,61 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
         assert stats.num_target_forwards < stats.num_emitted_tokens
 
 
+def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
+    """DraftModelDrafter's EAGLE-2-style tree: greedy output is the target's own, single and in a left-padded batch,
+    at several tree sizes; the tree took later siblings and needed fewer target forwards than the chain in the
+    batch; a tree of k nodes is the chain itself (the same drafts, step by step)."""
+    target, draft = noisy_pair()
+    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])
+    batch = torch.tensor([[1, 1, 0, 5, 9, 5, 3, 7], [0, 7, 3, 7, 3, 2, 4, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    for inputs in (dict(input_ids=prompt), dict(input_ids=batch, attention_mask=mask)):
+        ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        runs = {}
+        for nodes in (0, 3, 8, 20):
+            events = []
+            out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                                  drafter=hf_spec.DraftModelDrafter(draft, 3), num_tree_nodes=nodes,
+                                  event_listeners=[events.append])
+            assert out.sequences.tolist() == ref.tolist(), nodes
+            assert all(len(p) <= max(nodes, 3) for e in events[1:] if e.parents for p in e.parents)
+            runs[nodes] = out.stats, [e.drafted for e in events[1:]]
+        # W = 1: the chain's drafts, at every step before max_length cut the chain (a tree is not cut: its rows
+        # stop inside the accepted path)
+        full = [(t, c) for t, c in zip(runs[3][1], runs[0][1]) if all(len(row) == 3 for row in c)]
+        assert len(full) >= 6 and all(t == c for t, c in full)
+        assert any(_took_a_later_sibling(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
+                   for e in events[1:] if e.parents for i in range(len(e.emitted)))
+    assert runs[20][0].num_target_forwards < runs[0][0].num_target_forwards  # the batch
+
+
+def test_draft_model_tree_levels_see_their_ancestors_only():
+    """RaggedCache.forward_nodes: a node fed in a later level gets the logits of its own path, fed as a sequence
+    (each level's nodes see the prefix and their ancestors, at their depth's position), and the nodes leave the
+    cache with truncate."""
+    from hf_spec.ragged import RaggedCache
+
+    from .conftest import tiny_llama
+
+    model = tiny_llama()
+    prefix = torch.tensor([[0, 5, 9, 4]])
+    ragged = RaggedCache(model.config, 1, model.device)
+    with torch.no_grad():
+        ragged.forward(model, prefix)
+        first = ragged.forward_nodes(model, torch.tensor([[3, 7, 2]]), torch.tensor([[-1, -1, -1]])).logits
+        second = ragged.forward_nodes(model, torch.tensor([[8, 6]]), torch.tensor([[1, 2]])).logits
+        for tokens, logits in (([7], first[0, 1]), ([2], first[0, 2]), ([7, 8], second[0, 0]), ([2, 6], second[0, 1])):
+            alone = model(torch.cat([prefix, torch.tensor([tokens])], dim=1)).logits[0, -1]
+            torch.testing.assert_close(logits, alone, rtol=1e-4, atol=1e-4)
+        with pytest.raises(ValueError, match="nodes fed before"):
+            ragged.forward_nodes(model, torch.tensor([[1]]), torch.tensor([[5]]))
+        ragged.truncate(ragged.lengths)
+        assert ragged.valid.shape[1] == 4 and ragged.cache.get_seq_length() == 4
+        nxt = ragged.forward(model, torch.tensor([[3]])).logits[0, -1]
+        torch.testing.assert_close(nxt, model(torch.tensor([[0, 5, 9, 4, 3]])).logits[0, -1], rtol=1e-4, atol=1e-4)
+
+
 def _medusa_tree(target, draft):
     from .test_medusa import random_heads
 
@@ -128,8 +183,9 @@ def _medusa_tree(target, draft):
     return hf_spec.MedusaDrafter(heads.bind(target), 2)
 
 
-@pytest.mark.parametrize("make,nodes", [(lambda target, draft: ModelTreeDrafter(draft, 2), None), (_medusa_tree, 6)],
-                         ids=["sampled-model-tree", "medusa-top-k-tree"])
+@pytest.mark.parametrize("make,nodes", [(lambda target, draft: ModelTreeDrafter(draft, 2), None), (_medusa_tree, 6),
+                                        (lambda target, draft: hf_spec.DraftModelDrafter(draft, 2), 5)],
+                         ids=["sampled-model-tree", "medusa-top-k-tree", "draft-model-tree"])
 def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch, make, nodes):  # noqa: F811
     target, draft = pair
     procs = processors(1.0)
@@ -174,20 +230,21 @@ def test_a_bad_tree_is_refused_with_the_drafters_name():
 
 @pytest.mark.slow
 def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_prompts):
-    """The real SmolLM2-135M with a tree from its weak layer-skip draft: every output is plain greedy's (or
-    first differs at a float32 near-tie), and trees took later siblings. (Run alone: ~1 min; never beside
-    another torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
+    """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter, EAGLE-2-style) of its weak layer-skip
+    draft: every output is plain greedy's (or first differs at a float32 near-tie), and trees took later siblings.
+    (Run alone: ~1 min; never beside another torch process on 2 cores, where oversubscribed threads made it
+    14 min.)"""
     from .conftest import TIE_BOUND, encode, first_divergence, top2_gap
 
     model, tok = smol
     later = 0
-    for q in [q for q in specbench_prompts if len(q.text) < 400][:3]:  # short prompts: the drafter has no cache
+    for q in specbench_prompts[::8]:
         enc = encode(tok, q.text)
-        base = model.generate(**enc, max_new_tokens=12, do_sample=False)
+        base = model.generate(**enc, max_new_tokens=16, do_sample=False)
         events = []
-        out = model.generate(**enc, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
-                             return_dict_in_generate=True, drafter=ModelTreeDrafter(smol_drafts["skip"], 3),
-                             event_listeners=[events.append])
+        out = model.generate(**enc, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                             return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(smol_drafts["skip"], 3),
+                             num_tree_nodes=10, event_listeners=[events.append])
         j = first_divergence(out.sequences, base, enc["input_ids"].shape[1])
         assert j is None or top2_gap(model, base[:, :j]) < TIE_BOUND, q.question_id
         later += sum(_took_a_later_sibling(e.drafted[0], e.parents[0], e.emitted[0][:e.num_accepted[0]])

@@ -5,6 +5,11 @@ it shares with the accepted sequence, and only the tokens it has not seen are fe
 re-prefill). Tokens are chosen the way the target chooses them: argmax under greedy decoding, or sampled
 from the draft's logits after the call's logits processors, whose distribution is returned as q for
 speculative sampling (Leviathan et al. 2023).
+
+With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): EAGLE-2's
+expansion by the draft's cumulative probability, each level one draft forward with a tree attention mask over the
+draft's own cache; the nodes leave the draft's cache after the step, and the accepted ones are fed again at the
+next (the tokens the row gained, as after a chain).
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ import torch
 from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
-from ..processors import reads_sequences
+from ..processors import process_scores, reads_sequences
 from .base import Drafter, logit_rows
 
-__all__ = ["DraftModelDrafter", "VocabularyMismatchError"]
+__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH"]
+
+#: the widest a draft tree branches (:meth:`DraftModelDrafter.tree_width`): EAGLE-2 expands 10 nodes per level
+#: on GPUs, where a verify of 60 nodes costs about one step; a CPU's verify grows sooner with its width
+TREE_WIDTH = 8
 
 
 class VocabularyMismatchError(ValueError):
@@ -45,6 +54,7 @@ class DraftModelDrafter(Drafter):
 
     method = "draft"
     returns_scores = True
+    drafts_trees = True
     spec_argument = "MODEL"
 
     def __init__(self, draft_model, num_speculative_tokens: int | None = None, tokenizer=None, draft_tokenizer=None):
@@ -128,8 +138,9 @@ class DraftModelDrafter(Drafter):
         unseen = [len(s) - _common_prefix(c, s.to(self.device)) for c, s in zip(self._cached, sequences)]
         return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
 
-    @torch.no_grad()
-    def draft(self, sequences, k):
+    def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor]:
+        """Feed the draft what it has not seen of each row (its cache rolled back to the longest prefix it shares
+        with the row): ``(sequences on the draft's device, logits [B, V'] after each row's last token)``."""
         if self.generation_config is None:
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
@@ -146,7 +157,12 @@ class DraftModelDrafter(Drafter):
             for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
                 block[b, width - len(t):] = t
                 block_valid[b, width - len(t):] = True
-        logits = self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
+        self._cached = seqs
+        return seqs, self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
+
+    @torch.no_grad()
+    def draft(self, sequences, k):
+        seqs, logits = self._catch_up(sequences)
         do_sample = bool(self.generation_config.do_sample)
         # greedy without processors: the argmax of the draft's own logits (no float32 copy, no processing)
         raw_argmax = not do_sample and len(self.logits_processor) == 0
@@ -171,6 +187,88 @@ class DraftModelDrafter(Drafter):
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
 
 
+    @torch.no_grad()
+    def draft_tree(self, sequences, k, num_nodes):
+        """A draft tree grown by the draft's cumulative probability, as EAGLE-2 grows its dynamic trees (Li et al.
+        2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4): the W most likely
+        tokens after each row's last token are the first level; at each further level the W nodes of the level
+        with the highest cumulative probability (the product of the draft's probabilities along their path) are
+        fed to the draft in one forward (a tree attention mask over its own cache,
+        :meth:`~hf_spec.ragged.RaggedCache.forward_nodes`) and each gets its W most likely children; after k
+        levels the ``num_nodes`` nodes of highest cumulative probability are the tree (a node's is never above
+        its parent's, so every node's parent is in it). ``W = ceil(num_nodes / k)``, at most :data:`TREE_WIDTH`:
+        with ``num_nodes <= k`` the tree is the chain :meth:`draft` would draft. Probabilities are the draft's
+        after the call's logits processors (temperature, top-k, top-p, penalties, each node with its own path as
+        prefix); nodes with probability 0 are left out.
+
+        The nodes are deterministic given the text (the most likely tokens, never sampled), so under sampling q is
+        one-hot and recursive rejection sampling keeps the target's distribution
+        (:func:`~hf_spec.acceptance.speculative_sample_tree`); a row's sibling tokens then cover the draft's most
+        likely continuations.
+
+        Returns:
+            ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``, nodes in the order
+            they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler.
+
+        Raises:
+            ValueError: the draft model's attention implementation takes no 4D mask (only ``sdpa`` and ``eager``).
+        """
+        seqs, logits = self._catch_up(sequences)
+        bsz, device = len(seqs), self.device
+        width = self.tree_width(num_nodes, k)
+        reads = reads_sequences(self.logits_processor)
+        procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
+
+        def log_probs(logits, owners, prefixes):  # [M, V'] -> [M, V]: the processed distribution's log
+            logits = _pad_or_cut(logits, self._target_vocab).float()
+            if len(self.logits_processor):
+                logits = process_scores([procs[b] for b in owners], prefixes if reads else None, logits)
+            return logits.log_softmax(dim=-1)
+
+        # every node made, in order: token, cumulative log-probability, parent (-1: the root), slot fed (-1: none)
+        score, token = log_probs(logits, range(bsz), seqs).topk(width, dim=-1)  # [B, W]
+        parent = torch.full_like(token, -1)
+        fed = torch.full_like(token, -1)
+        frontier = torch.arange(width, device=device).expand(bsz, -1)  # [B, W] the level's nodes to expand
+        columns = torch.arange(width, device=device)
+        for level in range(1, k):
+            f_parent = parent.gather(1, frontier)
+            f_fed_parent = torch.where(f_parent >= 0, fed.gather(1, f_parent.clamp(min=0)), -1)
+            out = self._ragged.forward_nodes(self.draft_model, token.gather(1, frontier), f_fed_parent)
+            fed.scatter_(1, frontier, ((level - 1) * width + columns).expand(bsz, -1).contiguous())
+            owners = [b for b in range(bsz) for _ in range(width)]
+            prefixes = [torch.cat([seqs[b], _path(token[b], parent[b], int(j))])
+                        for b in range(bsz) for j in frontier[b].tolist()] if reads else None
+            lp = log_probs(out.logits.flatten(0, 1), owners, prefixes).view(bsz, width, -1)
+            child_score, child_token = (score.gather(1, frontier)[:, :, None] + lp).topk(width, dim=-1)  # [B, W, W]
+            base = token.shape[1]
+            token = torch.cat([token, child_token.flatten(1)], dim=1)
+            score = torch.cat([score, child_score.flatten(1)], dim=1)
+            parent = torch.cat([parent, frontier[:, :, None].expand(-1, -1, width).flatten(1)], dim=1)
+            fed = torch.cat([fed, torch.full_like(child_token.flatten(1), -1)], dim=1)
+            frontier = base + child_score.flatten(1).topk(width, dim=-1).indices.sort(dim=-1).values
+        self._ragged.truncate(self._ragged.lengths)  # the nodes leave the draft's cache
+        # the tree: the num_nodes most likely nodes (ties: the earlier made, so a parent before its child), in the
+        # order they were made, nodes of probability 0 last (filler)
+        n = min(num_nodes, token.shape[1])
+        chosen = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :n]
+        made = torch.isinf(score.gather(1, chosen)).to(torch.long) * token.shape[1] + chosen
+        chosen = chosen.gather(1, made.argsort(dim=1))
+        new_index = torch.full_like(token, -1).scatter_(1, chosen, torch.arange(n, device=device).expand(bsz, -1)
+                                                        .contiguous())
+        up = parent.gather(1, chosen)
+        tree_parents = torch.where(up >= 0, new_index.gather(1, up.clamp(min=0)), -1)
+        num_drafted = torch.isfinite(score.gather(1, chosen)).sum(dim=1)
+        return token.gather(1, chosen), num_drafted, None, tree_parents
+
+    @staticmethod
+    def tree_width(num_nodes: int, k: int) -> int:
+        """W, the tokens a node of :meth:`draft_tree` branches into and the nodes expanded per level:
+        ``ceil(num_nodes / k)`` within ``1..TREE_WIDTH``, enough that the k levels make at least ``num_nodes``
+        nodes (``W + (k - 1) W^2 >= W k``)."""
+        return max(1, min(TREE_WIDTH, -(-num_nodes // k)))
+
+
 def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
     """``logits [B, V_draft]`` as ``[B, rows]``: extra draft rows cut (padding of the draft's vocabulary, which
     the shared tokenizer never produces), missing ones filled with -inf (probability 0 under the draft)."""
@@ -179,6 +277,15 @@ def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
     if logits.shape[-1] > rows:
         return logits[..., :rows]
     return torch.cat([logits, logits.new_full((*logits.shape[:-1], rows - logits.shape[-1]), float("-inf"))], dim=-1)
+
+
+def _path(tokens: torch.LongTensor, parents: torch.LongTensor, node: int) -> torch.LongTensor:
+    """The tokens from the root's child down to ``node`` (inclusive), by following ``parents`` (``-1``: the root)."""
+    path = []
+    while node >= 0:
+        path.append(int(tokens[node]))
+        node = int(parents[node])
+    return tokens.new_tensor(path[::-1])
 
 
 def _compute_parameters(model) -> int:
