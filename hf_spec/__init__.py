@@ -8,7 +8,7 @@ from ._import_noise import install as _quiet_known_import_noise
 _quiet_known_import_noise()  # before anything imports transformers' quantizers (and with them torchao)
 
 from .acceptance import greedy_accept, speculative_sample
-from .adaptive import AdaptiveK
+from .adaptive import AdaptiveK, TreeSize
 from .assisted import disable_drafters, enable_drafters
 from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter, HybridDrafter, VerifyOutput, VocabularyMismatchError,
                        make_drafter, register_drafter)
@@ -26,7 +26,7 @@ __all__ = [
     "make_drafter", "register_drafter", "prompts",
     "MedusaCheckpointError", "VocabularyMismatchError",
     "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "PrometheusMetrics", "expected_speedup", "best_k",
+    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "TreeSize", "PrometheusMetrics", "expected_speedup", "best_k",
     "load", "provision", "ModelChecksumError", "ProvisioningError", "UnknownModelError",
 ]
 __version__ = "0.1.0"

@@ -75,7 +75,7 @@ from .events import StepEvent
 from .metrics import count_positions
 from .tuning import expected_tokens_per_step
 
-__all__ = ["AdaptiveK", "CycleK", "make_controller"]
+__all__ = ["AdaptiveK", "CycleK", "TreeSize", "make_controller"]
 
 logger = logging.getLogger("hf_spec")
 
@@ -485,6 +485,113 @@ class CycleK(AdaptiveK):
         k = self.lo + (self._next // self.repeat) % (self.hi - self.lo + 1)
         self._next += 1
         return k, None
+
+
+class TreeSize:
+    """Online choice of a draft tree's size, ``num_tree_nodes="auto"``: the size with the most tokens per second
+    measured in this call.
+
+    Whether a tree pays depends on what no model here predicts well: how much the draft's second and third
+    guesses add to its first on this text, and what a verify over N + 1 positions costs on this device and dtype
+    (on a CPU without native bfloat16 it grows with N at once; with it, or on a GPU, it stays near a plain step
+    up to tens of positions). So each size in ``sizes`` is measured: the loop asks :meth:`decide` before every
+    speculative step (k > 0, from the call or from :class:`AdaptiveK`, which still decides whether to
+    speculate at all), and this listener counts the tokens each step emitted against its drafting and verifying
+    seconds. The ``start`` size first, then the others in order, ``dwell_steps`` steps each; then the size with
+    the highest rate (tokens summed over its last ``window`` steps / their seconds summed); every
+    ``revisit_steps`` steps each neighbour of the best (the sizes on either side) is measured again for a
+    dwell, as the text changes what a tree is worth. 0 is the chain.
+
+    Args:
+        sizes: tree sizes to choose from (node counts; 0 = a chain), at least one.
+        start: the size measured first (default: the second smallest, a small tree).
+        dwell_steps: speculative steps each size is kept while measured (>= 1).
+        window: steps per size in its rate (>= dwell_steps).
+        revisit_steps: speculative steps between re-measurements of the best size's neighbours (>= 1).
+        margin: another size is taken when its rate beats the current one's by this fraction (``0 <= margin < 1``).
+
+    Raises:
+        ValueError: a setting out of range.
+
+    Attributes:
+        rates: ``{size: tokens per second}`` measured so far in this call.
+        choices: ``(step, size, reason)`` of every change of size, in order.
+    """
+
+    def __init__(self, sizes=(0, 10, 24), start: int | None = None, dwell_steps: int = 3, window: int = 8,
+                 revisit_steps: int = 32, margin: float = 0.05):
+        sizes = sorted({int(n) for n in sizes}) if all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) else None
+        if not sizes:
+            raise ValueError("TreeSize needs sizes: integers >= 0 (0 = a chain), e.g. (0, 10, 24)")
+        if start is None:
+            start = sizes[1] if len(sizes) > 1 else sizes[0]
+        if start not in sizes:
+            raise ValueError(f"start={start!r} is not one of sizes={sizes}")
+        if not (isinstance(dwell_steps, int) and dwell_steps >= 1 and isinstance(window, int) and window >= dwell_steps
+                and isinstance(revisit_steps, int) and revisit_steps >= 1):
+            raise ValueError(f"need integers dwell_steps >= 1, window >= dwell_steps, revisit_steps >= 1; got "
+                             f"{dwell_steps!r}, {window!r}, {revisit_steps!r}")
+        if not 0 <= margin < 1:
+            raise ValueError(f"need 0 <= margin < 1, got {margin!r}")
+        self.sizes, self.start, self.margin = sizes, start, margin
+        self.dwell_steps, self.window, self.revisit_steps = dwell_steps, window, revisit_steps
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (the loop calls it at the start of each generate call, on its own copy)."""
+        self._queue = [self.start] + [n for n in self.sizes if n != self.start]  # sizes to measure, in order
+        self._steps: dict[int, list[tuple[int, float]]] = {}  # size -> (tokens, seconds) of its latest steps
+        self._measuring = True  # measuring sizes in turn (else: running the best, counting towards a revisit)
+        self.size = self._queue.pop(0)
+        self._in_size = 0  # steps at the current size
+        self._since_revisit = 0
+        self.choices: list[tuple[int, int, str]] = []
+
+    @property
+    def rates(self) -> dict[int, float]:
+        return {n: sum(t for t, _ in v) / max(1e-9, sum(s for _, s in v)) for n, v in self._steps.items() if v}
+
+    def decide(self, step: int = 0) -> int:
+        """The tree size for the coming speculative step (0: a chain); ``step`` names the step in :attr:`choices`."""
+        if not self.choices:
+            self._change(self.size, step, "measure")
+        if self._in_size < self.dwell_steps:
+            return self.size
+        if self._queue:  # still measuring
+            self._change(self._queue.pop(0), step, "measure")
+            return self.size
+        self._measuring = False
+        rates = self.rates
+        best = max(rates, key=lambda n: (rates[n], -n))
+        if self._since_revisit >= self.revisit_steps:  # measure the best's neighbours again, afresh
+            self._since_revisit = 0
+            i = self.sizes.index(best)
+            self._queue = [self.sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(self.sizes)]
+            for n in self._queue:
+                self._steps[n] = []
+            self._measuring = True
+            self._change(self._queue.pop(0), step, f"re-measure next to {best}")
+            return self.size
+        if best != self.size and rates[best] > rates.get(self.size, 0.0) * (1 + self.margin):
+            self._change(best, step, "best: " + ", ".join(f"{n}: {r:.2f} tok/s" for n, r in sorted(rates.items())))
+        return self.size
+
+    def _change(self, size: int, step: int, reason: str) -> None:
+        self.size, self._in_size = size, 0
+        self.choices.append((step, size, reason))
+        logger.debug("hf_spec tree size: %s (%s)", size, reason)
+
+    def __call__(self, event: StepEvent) -> None:
+        """Count a speculative step's tokens and seconds under the size in use (the loop calls it as a listener)."""
+        if event.step == 0 or event.num_speculative_tokens == 0:
+            return
+        tokens = sum(len(e) for e in event.emitted)
+        steps = self._steps.setdefault(self.size, [])
+        steps.append((tokens, event.draft_time_s + event.verify_time_s))
+        del steps[:-self.window]
+        self._in_size += 1
+        self._since_revisit += not self._measuring
 
 
 def make_controller(num_speculative_tokens) -> AdaptiveK | None:

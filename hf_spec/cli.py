@@ -91,6 +91,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--drafter", default="ngram", help=f"{_specs()} (default: ngram)")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k", help=K_HELP)
+    p.add_argument("--tree", type=_tree_arg, default=0, metavar="none|auto|N", help=TREE_HELP)
     p.add_argument("--prometheus-port", type=int, default=None,
                    help="serve Prometheus metrics (vLLM v1's names: vllm:spec_decode_*, TTFT and inter-token latency "
                         "histograms; model_name = --target) on 127.0.0.1:PORT/metrics while running")
@@ -141,16 +142,40 @@ def _model_names() -> str:
     return ", ".join(MODELS)
 
 
-def _k_arg(text: str):
-    if text == "auto":
-        return "auto"
+def _positive_or(text: str, words: dict, expected: str):
+    """``text`` as one of ``words`` (mapped to its value) or an integer >= 1; else an argparse error saying
+    ``expected``."""
+    if text in words:
+        return words[text]
     try:
-        k = int(text)
+        n = int(text)
     except ValueError:
-        k = 0
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}")
-    return k
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return n
+
+
+def _k_arg(text: str):
+    return _positive_or(text, {"auto": "auto"}, "an integer >= 1 or auto")
+
+
+def _tree_arg(text: str):
+    """``--tree``: ``none`` (0, a chain), ``auto`` or a node count >= 1."""
+    return _positive_or(text, {"none": 0, "auto": "auto"}, "none, auto or a number of tree nodes >= 1")
+
+
+def _tree_list(text: str) -> list:
+    trees = [_tree_arg(x.strip()) for x in text.split(",") if x.strip()]
+    if not trees:
+        raise argparse.ArgumentTypeError("expected none, auto or node counts, comma-separated")
+    return list(dict.fromkeys(trees))
+
+
+TREE_HELP = ("draft trees: none (default: a chain of k tokens per step), N (a tree of at most N nodes, at most k "
+             "deep, verified in one target forward with a tree attention mask), or auto (the tree size with the most "
+             "tokens per second, measured in the call; the chain included); for drafters that draft trees "
+             "(draft:MODEL, medusa:DIR)")
 
 
 def _k_list(text: str) -> list:
@@ -173,6 +198,11 @@ def _add_bench(sub) -> None:
     ks.add_argument("--k", type=_k_arg, dest="k", action=_DeprecatedFlag, replacement="-k/--num-speculative-tokens")
     ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
+    p.add_argument("--tree", type=_tree_list, default=[0], metavar="none|auto|N[,...]",
+                   help="draft trees for the methods whose drafters draft them (draft:MODEL, medusa:DIR): none "
+                        "(default: chains), N nodes or auto, or several, comma-separated (e.g. none,16: each such "
+                        "method as a chain and as a 16-node tree, named METHOD and METHOD@tree=16); other methods "
+                        "run as chains")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")

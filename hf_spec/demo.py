@@ -36,10 +36,12 @@ from transformers.generation.streamers import BaseStreamer
 from .events import StepEvent
 from .metrics import SpecStats
 
-__all__ = ["render_tokens", "build_app", "main", "DemoModels", "RunLog", "stream"]
+__all__ = ["render_tokens", "render_tree", "build_app", "main", "DemoModels", "RunLog", "stream"]
 
 MAX_NEW_TOKENS = 1024
 K_CHOICES = ["auto"] + [str(k) for k in range(1, 13)]
+#: the page's draft tree sizes (num_tree_nodes), for the drafters that draft trees (draft model, Medusa)
+TREE_CHOICES = ["none", "auto", "8", "16", "32"]
 METHODS = ["draft model", "medusa", "n-gram", "none"]
 #: plain decoding results kept (prompt and settings -> tokens/s); the oldest is dropped first
 PLAIN_CACHE_SIZE = 64
@@ -54,6 +56,7 @@ CSS = """
 .hfspec-fix {background: #cfe0ff; color: #0a2f7a;}
 .hfspec-bonus {background: #ead1ff; color: #4b0a7a;}
 .hfspec-legend span {padding: 1px 6px; margin-right: 8px; border-radius: 3px;}
+.hfspec-tree ul {margin: 0; padding-left: 1.4em; list-style: "\2514  ";}
 """
 
 LEGEND = ('<div class="hfspec-legend"><span class="hfspec-acc">accepted draft token</span>'
@@ -66,20 +69,64 @@ def _span(kind: str, text: str) -> str:
     return f'<span class="hfspec-{kind}">{html.escape(text)}</span>'
 
 
+def _step_tree(ev: StepEvent) -> tuple[list[int], list[int], list[int]]:
+    """Row 0 of a step as a tree: ``(drafted, parents, path)``, a chain being the tree whose node j has parent
+    j - 1; ``path`` the accepted nodes from the root's child down (the first child with the emitted token)."""
+    drafted = ev.drafted[0]
+    parents = ev.parents[0] if ev.parents else list(range(-1, len(drafted) - 1))
+    path, node = [], -1
+    for tok in ev.emitted[0][:ev.num_accepted[0]]:
+        node = next((j for j, p in enumerate(parents) if p == node and drafted[j] == tok), None)
+        if node is None:
+            break
+        path.append(node)
+    return drafted, parents, path
+
+
 def render_tokens(events: list[StepEvent], decode) -> str:
     """HTML of one sequence's steps (batch size 1): per step the accepted drafted tokens, the rejected ones
-    struck through, then the target's token (correction or bonus). ``decode`` maps a token id to its text."""
+    struck through (a chain's rest; a tree's candidates where its accepted path stopped), then the target's
+    token (correction, or bonus where the whole path to a leaf was accepted). ``decode`` maps a token id to its
+    text."""
     parts = []
     for ev in events:
-        drafted, accepted, emitted = ev.drafted[0], ev.num_accepted[0], ev.emitted[0]
+        accepted, emitted = ev.num_accepted[0], ev.emitted[0]
+        drafted, parents, path = _step_tree(ev)
         for tok in emitted[:accepted]:
             parts.append(_span("acc", decode(tok)))
         if len(emitted) > accepted:
-            for tok in drafted[accepted:]:
-                parts.append(_span("rej", decode(tok)))
-            kind = "bonus" if drafted and accepted == len(drafted) else "fix"
+            below = path[-1] if path else -1
+            rejected = [j for j, p in enumerate(parents) if p == below]  # the candidates after the accepted ones
+            if not ev.parents:  # a chain: the whole rest of it
+                rejected = list(range(len(path), len(drafted)))
+            for j in rejected:
+                parts.append(_span("rej", decode(drafted[j])))
+            kind = "bonus" if drafted and not any(p == below for p in parents) else "fix"
             parts.append(_span(kind, decode(emitted[accepted])))
     return '<div class="hfspec-out">' + "".join(parts) + "</div>"
+
+
+def render_tree(event: StepEvent | None, decode) -> str:
+    """HTML of one step's draft (row 0) as a tree: each node under its parent, the accepted path in green, the
+    rest struck through, the target's own token after the path; a chain shows as a tree of one branch. Empty
+    for no step or a step that drafted nothing."""
+    if event is None or not event.drafted[0]:
+        return ""
+    drafted, parents, path = _step_tree(event)
+    on_path = set(path)
+
+    def subtree(parent: int) -> str:
+        items = []
+        for j in (j for j, p in enumerate(parents) if p == parent):
+            label = _span("acc" if j in on_path else "rej", decode(drafted[j]))
+            items.append(f"<li>{label}{subtree(j)}</li>")
+        return f"<ul>{''.join(items)}</ul>" if items else ""
+
+    emitted = event.emitted[0]
+    target = decode(emitted[event.num_accepted[0]]) if len(emitted) > event.num_accepted[0] else None
+    after = f" then the target's token {_span('fix', target)}" if target is not None else ""
+    return (f'<div class="hfspec-out hfspec-tree">step {event.step}: {len(drafted)} drafted node'
+            f'{"s" if len(drafted) != 1 else ""}, {len(path)} accepted{after}{subtree(-1)}</div>')
 
 
 def _stats_markdown(stats: SpecStats, plain: dict | None = None) -> str:
@@ -274,7 +321,8 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
             return
         run.phase, run.tokens = "plain", 0
         out.put(("phase", "plain"))
-        plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("drafter", "num_speculative_tokens")}
+        plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("drafter", "num_speculative_tokens",
+                                                                      "num_tree_nodes")}
         models.target.generate(**inputs, streamer=_PlainStreamer(out), stopping_criteria=StoppingCriteriaList([run]),
                                tokenizer=tok, **plain_kwargs)
         out.put(("plain_done", run.stop.is_set()))
@@ -290,9 +338,11 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
 
 
 def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, top_p: float, max_new_tokens: int,
-           compare: bool = True, session: str = ""):
-    """Run one request and yield ``(tokens_html, stats_markdown, acceptance_plot, plain_text, status)`` as its
-    steps arrive, or ``None`` when nothing is new for :data:`IDLE_YIELD_S` seconds.
+           compare: bool = True, session: str = "", tree="none"):
+    """Run one request and yield ``(tokens_html, stats_markdown, acceptance_plot, plain_text, status, tree_html)``
+    as its steps arrive (``tree_html``: the latest step's draft as a tree, :func:`render_tree`), or ``None`` when
+    nothing is new for :data:`IDLE_YIELD_S` seconds. ``tree``: one of :data:`TREE_CHOICES` (``num_tree_nodes``;
+    ``"none"``: chains).
 
     The generation runs on its own thread (:func:`_work`). Closing this generator (Gradio does when the page
     goes away or Stop is pressed) sets the run's stop flag: the generation ends after at most one more token.
@@ -309,6 +359,12 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     k, max_new_tokens, temperature, top_p = _check(prompt, k, max_new_tokens, temperature, top_p)
     drafter = models.drafter(method)
     plan_num_speculative_tokens(k, drafter)  # k above what the drafter can propose: a message before any work
+    if str(tree) not in TREE_CHOICES:
+        raise ValueError(f"Draft tree must be one of {', '.join(TREE_CHOICES)}, got {tree!r}.")
+    tree = 0 if str(tree) == "none" else "auto" if str(tree) == "auto" else int(tree)
+    if tree and (drafter is None or not drafter.drafts_trees):
+        raise ValueError(f"The {method} drafter drafts chains only: choose draft tree none, or the draft model or "
+                         "Medusa drafter.")
     tok = models.tokenizer
     inputs = chat_inputs(tok, prompt)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
@@ -320,8 +376,8 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     run = _Run(next(models.run_ids), inputs["input_ids"].shape[1])
     out: queue.Queue = queue.Queue()
     kwargs = dict(drafter=drafter, num_speculative_tokens=k if drafter is not None else None,
-                  max_new_tokens=max_new_tokens, **sampling)
-    record = dict(session=session, prompt=prompt, method=method, k=k, max_new_tokens=max_new_tokens,
+                  max_new_tokens=max_new_tokens, **sampling, **({"num_tree_nodes": tree} if tree else {}))
+    record = dict(session=session, prompt=prompt, method=method, k=k, tree=tree, max_new_tokens=max_new_tokens,
                   temperature=temperature, top_p=top_p, plain="cached" if cached else "measure" if compare else "no")
     worker = threading.Thread(target=_work, args=(models, run, inputs, kwargs, compare and cached is None, record,
                                                   out), daemon=True)
@@ -337,7 +393,9 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     last = last_plot = 0.0
 
     def update():
-        return (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, plain), plot, plain_text, status)
+        last_draft = next((ev for ev in reversed(seen) if ev.drafted[0]), None)
+        return (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, plain), plot, plain_text, status,
+                render_tree(last_draft, decode))
 
     worker.start()
     try:
@@ -399,11 +457,12 @@ def _handler(models: DemoModels):
 
     # Gradio passes the request to the parameter annotated gr.Request: a real annotation, so this module does
     # without `from __future__ import annotations`
-    def on_generate(prompt, method, k, temperature, top_p, max_new, compare, request: gr.Request):
+    def on_generate(prompt, method, k, tree, temperature, top_p, max_new, compare, request: gr.Request):
         session = getattr(request, "session_hash", None) or ""
-        sent = [None] * 5
+        sent = [None] * 6
         try:
-            with closing(stream(models, prompt, method, k, temperature, top_p, max_new, compare, session)) as updates:
+            with closing(stream(models, prompt, method, k, temperature, top_p, max_new, compare, session,
+                                tree)) as updates:
                 for update in updates:
                     # only what changed: the plot is not drawn again, and an update still on its way when Stop
                     # is pressed does not overwrite the status line with its own
@@ -436,6 +495,8 @@ def build_app(models: DemoModels):
                                     value="Write a Python function that checks whether a number is prime.")
                 method = gr.Radio(methods, value=methods[0], label="Drafter", elem_id="method")
                 k = gr.Dropdown(K_CHOICES, value="auto", label="k (num_speculative_tokens)", elem_id="k")
+                tree = gr.Dropdown(TREE_CHOICES, value="none", elem_id="tree_size",
+                                   label="Draft tree nodes (num_tree_nodes; none = a chain)")
                 temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
                 max_new = gr.Number(value=128, precision=0, label=f"Max new tokens (1-{MAX_NEW_TOKENS})",
@@ -450,11 +511,12 @@ def build_app(models: DemoModels):
                 status = gr.Markdown(elem_id="status")
                 out = gr.HTML(LEGEND, elem_id="tokens")
                 stats = gr.Markdown(elem_id="stats")
+                tree_view = gr.HTML(elem_id="tree_view", label="The last step's draft")
                 plot = gr.Plot(label="Acceptance by draft position", elem_id="acceptance_plot")
                 plain = gr.Textbox(label="Plain decoding of the same prompt", lines=4, elem_id="plain")
 
-        run = go.click(_handler(models), [prompt, method, k, temperature, top_p, max_new, compare],
-                       [out, stats, plot, plain, status])
+        run = go.click(_handler(models), [prompt, method, k, tree, temperature, top_p, max_new, compare],
+                       [out, stats, plot, plain, status, tree_view])
         # Gradio cancels the run and closes its generator, whose cleanup stops the generation
         halt.click(lambda: "stopped", None, [status], cancels=[run])
     app.queue(default_concurrency_limit=1)

@@ -27,7 +27,7 @@ from transformers.generation.logits_process import UnbatchedClassifierFreeGuidan
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree
-from .adaptive import AdaptiveK, make_controller
+from .adaptive import AdaptiveK, TreeSize, make_controller
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
@@ -68,7 +68,7 @@ def generate(
     streamer=None,
     drafter: Drafter | None = None,
     num_speculative_tokens: int | str | AdaptiveK | None = None,
-    num_tree_nodes: int | None = None,
+    num_tree_nodes: int | str | TreeSize | None = None,
     spec_streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     tokenizer=None,
@@ -94,7 +94,9 @@ def generate(
             running measurements and switches speculation off where it does not pay. Never written onto the
             drafter: the loop passes each step's k to ``drafter.draft``.
         num_tree_nodes: draft a tree of at most this many nodes per row and step (at most k deep), verified in
-            one forward with a tree attention mask; ``None`` or 0: a chain. The drafter must draft trees
+            one forward with a tree attention mask; ``None`` or 0: a chain. ``"auto"`` (or a
+            :class:`~hf_spec.adaptive.TreeSize` with chosen sizes) measures a few sizes, the chain included, and
+            keeps the one with the most tokens per second. The drafter must draft trees
             (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads, a draft model).
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``), the prompt
             put first. ``streamer=`` works too: transformers 5 puts the prompt into it and does not hand it on to
@@ -255,7 +257,7 @@ def _speculative_decode(
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig,
     num_speculative_tokens: int | str | AdaptiveK | None = None,
-    num_tree_nodes: int | None = None,
+    num_tree_nodes: int | str | TreeSize | None = None,
     cache: DynamicCache | None = None,
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
@@ -263,7 +265,7 @@ def _speculative_decode(
 ) -> SpeculativeOutput:
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
-    num_tree_nodes = _check_tree_nodes(num_tree_nodes, drafter)
+    num_tree_nodes, sizer = _check_tree_nodes(num_tree_nodes, drafter)
     bsz = input_ids.shape[0]
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
@@ -282,6 +284,9 @@ def _speculative_decode(
     if controller is not None:
         controller.reset(k_call, drafter.max_num_speculative_tokens)
         listeners.append(controller)
+    if sizer is not None:
+        sizer.reset()
+        listeners.append(sizer)
     # drafters that read the target's hidden states get the last layer's, and only it (transformers keeps
     # the others as None when output_hidden_states selects an index)
     hidden_kwargs = {"output_hidden_states": -1} if session is not None and session.needs_hidden_states else {}
@@ -374,10 +379,15 @@ def _speculative_decode(
         k_step = int(budget.max())
         sources = parents = None
         if k_step > 0:
-            proposal = session.draft_tree(sequences, k_step, num_tree_nodes) if num_tree_nodes else \
-                session.draft(sequences, k_step)
+            nodes = num_tree_nodes
+            if sizer is not None:
+                changes = len(sizer.choices)
+                nodes = sizer.decide(step)
+                if len(sizer.choices) > changes:  # a new size: recorded with the step, as the controller's k
+                    decision = {**(decision or {}), "num_tree_nodes": nodes, "tree_reason": sizer.choices[-1][2]}
+            proposal = session.draft_tree(sequences, k_step, nodes) if nodes else session.draft(sequences, k_step)
             drafts, num_drafted, draft_scores, parents = _checked_draft(
-                session, proposal, n_rows, k_step, vocab_size, do_sample, device, num_tree_nodes)
+                session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
             if parents is None:  # a tree's rows end at max_length inside the accepted path (append_until_stop)
                 num_drafted = torch.minimum(num_drafted, budget)
             sources = session.last_sources
@@ -456,20 +466,27 @@ def _speculative_decode(
                              logits=_per_token(logits_out, generation_config))
 
 
-def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> int:
-    """A call's ``num_tree_nodes`` as an int (0: chains).
+def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, TreeSize | None]:
+    """A call's ``num_tree_nodes`` as ``(nodes, None)`` (0: chains) or ``(0, a fresh copy of the TreeSize)`` for
+    ``"auto"`` or a :class:`~hf_spec.adaptive.TreeSize`.
 
     Raises:
-        ValueError: not an integer >= 0, or a tree asked of a drafter that drafts chains only.
+        ValueError: not an integer >= 0, ``"auto"`` or a ``TreeSize``, or a tree asked of a drafter that drafts
+            chains only.
     """
     if num_tree_nodes is None:
-        return 0
-    if isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, int) or num_tree_nodes < 0:
-        raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain), got {num_tree_nodes!r}")
-    if num_tree_nodes and drafter is not None and not drafter.drafts_trees:
+        return 0, None
+    sizer = None
+    if isinstance(num_tree_nodes, TreeSize):
+        sizer = copy.copy(num_tree_nodes)
+    elif isinstance(num_tree_nodes, str) and num_tree_nodes == "auto":
+        sizer = TreeSize()
+    elif isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, int) or num_tree_nodes < 0:
+        raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
+    if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
         raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
                          "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter)")
-    return num_tree_nodes
+    return (0, sizer) if sizer is not None else (num_tree_nodes, None)
 
 
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,

@@ -421,3 +421,62 @@ def test_a_draft_models_catch_up_is_the_prompt_first_then_about_nothing(tiny):
     assert session.catch_up_cost([accepted_all]) == pytest.approx(1)  # the third draft and the bonus: 2 - 1
     rejected = torch.cat([prompt, torch.tensor([int(tokens[0, 0]) + 1])])
     assert session.catch_up_cost([rejected]) == 0  # the correction alone: what every step feeds
+
+
+def _tree_steps(sizer, rate_of, steps):
+    """Drive a TreeSize with synthetic speculative steps: a step at size n emits rate_of(step, n) tokens in 10 ms.
+    Returns the size of every step."""
+    sizes = []
+    for step in range(1, steps + 1):
+        n = sizer.decide(step)
+        sizes.append(n)
+        tokens = rate_of(step, n)
+        sizer(StepEvent(step, 3, [[0, 0, 0]], [tokens - 1], [[0] * tokens], 0.004, 0.006, step * 0.01, [False]))
+    return sizes
+
+
+def test_tree_size_measures_each_size_then_keeps_the_fastest_and_follows_a_change():
+    from hf_spec.adaptive import TreeSize
+
+    sizer = TreeSize(sizes=(0, 8, 24), dwell_steps=2, revisit_steps=6)
+    # tokens per 10 ms step: the 8-node tree best until step 40, then the chain (the text changed)
+    rate = lambda step, n: {0: 2, 8: 4, 24: 3}[n] if step <= 40 else {0: 4, 8: 2, 24: 1}[n]  # noqa: E731
+    sizes = _tree_steps(sizer, rate, 80)
+    assert sizes[:6] == [8, 8, 0, 0, 24, 24]  # the start size, then the others in order, a dwell each
+    assert Counter(sizes[6:40]).most_common(1)[0][0] == 8  # the fastest, between re-measurements of 0 and 24
+    assert set(sizes[6:40]) <= {0, 8, 24} and 24 in sizes[6:40]  # the neighbours were measured again
+    assert Counter(sizes[60:]).most_common(1)[0][0] == 0  # after the change, the chain
+    assert sizer.rates[0] > sizer.rates[8] and all(c[2] for c in sizer.choices)
+    plain = _tree_steps(TreeSize(sizes=(0, 8), dwell_steps=2), lambda step, n: 3, 20)  # equal rates: no thrashing
+    assert plain[4:] == [0] * 16 or plain[4:] == [8] * 16
+    for bad in (dict(sizes=()), dict(sizes=(0, -1)), dict(sizes=(0, 8), start=4), dict(dwell_steps=0),
+                dict(window=1, dwell_steps=2), dict(margin=1.0), dict(sizes=(True, 8))):
+        with pytest.raises(ValueError):
+            TreeSize(**bad)
+
+
+def test_auto_tree_size_in_the_loop_is_exact_and_recorded(tiny):
+    """num_tree_nodes="auto" (and a TreeSize with its own sizes) beside fixed and auto k: greedy output is the
+    target's, the chosen sizes are recorded in the policy events, and a chain-only drafter is refused."""
+    from hf_spec.adaptive import TreeSize
+
+    target, draft = tiny
+    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])
+    ref = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    for nodes in ("auto", TreeSize(sizes=(0, 4, 12), dwell_steps=2, revisit_steps=8)):
+        for k in (3, "auto"):
+            out = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                                  drafter=hf_spec.DraftModelDrafter(draft, 3), num_tree_nodes=nodes,
+                                  num_speculative_tokens=k)
+            assert out.sequences.tolist() == ref.tolist(), (nodes, k)
+            chosen = [p["num_tree_nodes"] for p in out.stats.policy_events if "num_tree_nodes" in p]
+            # (k="auto" may keep speculation off from the start, by timing: then no size was chosen)
+            assert bool(chosen) == any(out.stats.k_per_step), chosen
+            assert set(chosen) <= ({0, 10, 24} if nodes == "auto" else {0, 4, 12}), chosen
+    with pytest.raises(ValueError, match="drafts chains only"):
+        target.generate(prompt, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3),
+                        num_tree_nodes="auto")
+    with pytest.raises(ValueError, match="or \"auto\""):
+        target.generate(prompt, max_new_tokens=4, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.DraftModelDrafter(draft, 3), num_tree_nodes="big")

@@ -75,6 +75,8 @@ def test_generate_batches_compare_json(tmp_path):
     (["--drafter", "suffix", "--corpus", "/no/such/corpus.txt"], "--corpus /no/such/corpus.txt: no such file"),
     (["--corpus", "README.md"], "--corpus needs a drafter that drafts from one"),
     (["--drafter", "hybrid:ngram"], "takes a model drafter"),
+    (["--tree", "0"], "expected none, auto or a number of tree nodes >= 1, got '0'"),
+    (["--tree", "8"], "drafter 'ngram' drafts chains only"),
 ])
 def test_bad_input_gives_clear_errors(args, msg):
     base = {"--target": "smollm2-135m", "--prompt": "hi", "--drafter": "ngram"}
@@ -153,11 +155,13 @@ def test_train_medusa_bad_input(tmp_path, args, msg):
 
 @slow
 def test_generate_with_medusa_heads():
-    r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "2",
+    """Medusa's tree from the command line (--tree 6): identical to plain decoding, the tree size in the JSON."""
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "2", "--tree", "6",
             "--max-new-tokens", "16", "--prompt", "Write a Python function that reverses a string.", "--chat",
             "--compare", "--json", "--dtype", "float32")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout)["identical_to_baseline"] is True
+    out = json.loads(r.stdout)
+    assert out["identical_to_baseline"] is True and out["config"]["num_tree_nodes"] == 6
     r = run("generate", "--target", "smollm2-135m", "--drafter", "medusa:smollm2-135m", "-k", "5",
             "--max-new-tokens", "4", "--prompt", "hi")
     assert r.returncode == 2 and "4 heads" in r.stderr and "Traceback" not in r.stderr

@@ -42,6 +42,29 @@ def test_render_marks_each_kind_of_token():
     assert '<span class="hfspec-bonus">&lt;8&gt;</span>' in html  # the whole draft accepted: a bonus token
 
 
+def test_a_tree_step_shows_its_accepted_path_and_the_candidates_rejected_there():
+    """A tree step: root children 2 and 3, 2's children 4 and 5; the target took 3 (the second child), then
+    its own token 9. The stream shows 3 accepted, 3's children none, so the bonus 9; the tree view shows every
+    node under its parent, the path green and the rest struck through."""
+    from hf_spec.demo import render_tree
+
+    tree = StepEvent(1, 2, [[2, 3, 4, 5, 6]], [1], [[3, 9]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0, 0, 1]])
+    decode = lambda t: f"<{t}>"  # noqa: E731
+    html = render_tokens([tree], decode)
+    # 3 accepted, then 3's child 6 rejected, then the target's correction 9
+    assert html.endswith('<span class="hfspec-acc">&lt;3&gt;</span><span class="hfspec-rej">&lt;6&gt;</span>'
+                         '<span class="hfspec-fix">&lt;9&gt;</span></div>')
+    leaf = StepEvent(2, 2, [[2, 3, 4]], [2], [[2, 4, 7]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0]])
+    assert render_tokens([leaf], decode).endswith('<span class="hfspec-bonus">&lt;7&gt;</span></div>')  # a leaf
+    view = render_tree(tree, decode)
+    assert "5 drafted nodes, 1 accepted" in view and view.count("<li>") == 5
+    assert view.count('class="hfspec-acc"') == 1 and view.count('class="hfspec-rej"') == 4
+    # 2's children under 2, 6 under 3
+    assert '&lt;2&gt;</span><ul><li><span class="hfspec-rej">&lt;4&gt;</span></li><li>' in view
+    assert '&lt;3&gt;</span><ul><li><span class="hfspec-rej">&lt;6&gt;</span></li></ul>' in view
+    assert render_tree(None, decode) == ""
+
+
 def test_demo_drafters_are_built_once_and_checked_per_request():
     """One drafter per page label for the app's life (a call never changes it, so requests can share it);
     a k above what the drafter can propose, or a drafter not loaded, is a message before any work."""
@@ -58,6 +81,10 @@ def test_demo_drafters_are_built_once_and_checked_per_request():
         next(stream(models, "hi", "draft model", 2, 0.0, 1.0, 8))
     with pytest.raises(ValueError, match="unknown drafter"):
         next(stream(models, "hi", "eagle", 2, 0.0, 1.0, 8))
+    with pytest.raises(ValueError, match="drafts chains only"):
+        next(stream(models, "hi", "n-gram", 2, 0.0, 1.0, 8, tree="16"))
+    with pytest.raises(ValueError, match="Draft tree must be one of"):
+        next(stream(models, "hi", "medusa", 2, 0.0, 1.0, 8, tree="7"))
     assert models.drafter("medusa").num_speculative_tokens == 3
     assert not models.log.records  # nothing ran
 
@@ -82,6 +109,23 @@ def _tiny_models():
     target = tiny_llama(seed=5)
     target.generation_config.eos_token_id = None  # runs to max_new_tokens: the tests decide when it stops
     return DemoModels(target, _ByteTokenizer(), {"n-gram": hf_spec.NgramDrafter()})
+
+
+def test_a_medusa_tree_streams_with_its_tree_view():
+    """Medusa's 8-node tree through the page's stream: the output is plain greedy's, the last update's tree
+    view shows the last speculative step's draft, and the run log records the tree size."""
+    import hf_spec
+
+    models = _tiny_models()
+    heads = hf_spec.MedusaHeads(hf_spec.MedusaConfig(3, 1, models.target.config.hidden_size,
+                                                     models.target.config.vocab_size, "shared-lm-head")).bind(models.target)
+    models.drafters["medusa"] = hf_spec.MedusaDrafter(heads)
+    *_, last = [u for u in stream(models, "abc abc", "medusa", 3, 0.0, 1.0, 12, False, tree="8") if u is not None]
+    assert "finished" in last[4] and "drafted node" in last[5] and "<li>" in last[5]
+    plain = models.target.generate(**models.tokenizer("abc abc"), max_new_tokens=12, do_sample=False)
+    shown = re.findall(r'class="hfspec-(?:acc|fix|bonus)">&lt;(\d+)&gt;', last[0])  # the emitted tokens, in order
+    assert [int(t) for t in shown] == plain[0, -12:].tolist()
+    assert _records(models, 1)["start"]["tree"] == 8
 
 
 def _records(models, run):
@@ -148,14 +192,15 @@ def test_bad_input_is_a_gradio_error():
     from hf_spec.demo import _handler
 
     handler = _handler(_tiny_models())
-    for args, message in [(("  ", "n-gram", "auto", 0.0, 1.0, 8, True), "Empty prompt"),
-                          (("hi", "n-gram", "13", 0.0, 1.0, 8, True), "k must be auto or an integer from 1 to 12"),
-                          (("hi", "n-gram", "auto", 0.0, 1.0, 0, True), "Max new tokens must be a whole number"),
-                          (("hi", "n-gram", "auto", 0.0, 1.0, 2.5, True), "Max new tokens must be a whole number"),
-                          (("hi", "n-gram", "auto", "hot", 1.0, 8, True), "Temperature must be a number"),
-                          (("hi", "n-gram", "auto", 3.0, 1.0, 8, True), "Temperature must be between"),
-                          (("hi", "n-gram", "auto", 0.0, 0.0, 8, True), "Top-p must be in"),
-                          (("hi", "medusa", "auto", 0.0, 1.0, 8, True), "no medusa drafter loaded")]:
+    for args, message in [(("  ", "n-gram", "auto", "none", 0.0, 1.0, 8, True), "Empty prompt"),
+                          (("hi", "n-gram", "13", "none", 0.0, 1.0, 8, True), "k must be auto or an integer from 1 to 12"),
+                          (("hi", "n-gram", "auto", "none", 0.0, 1.0, 0, True), "Max new tokens must be a whole number"),
+                          (("hi", "n-gram", "auto", "none", 0.0, 1.0, 2.5, True), "Max new tokens must be a whole number"),
+                          (("hi", "n-gram", "auto", "none", "hot", 1.0, 8, True), "Temperature must be a number"),
+                          (("hi", "n-gram", "auto", "none", 3.0, 1.0, 8, True), "Temperature must be between"),
+                          (("hi", "n-gram", "auto", "none", 0.0, 0.0, 8, True), "Top-p must be in"),
+                          (("hi", "medusa", "auto", "none", 0.0, 1.0, 8, True), "no medusa drafter loaded"),
+                          (("hi", "n-gram", "auto", "16", 0.0, 1.0, 8, True), "drafts chains only")]:
         with pytest.raises(gr.Error, match=message):
             next(handler(*args, None))
 
@@ -173,7 +218,7 @@ def test_the_page_is_sent_only_what_changed():
 
     handle = models.target.register_forward_pre_hook(one_forward_per_update)
     try:
-        for update in _handler(models)("abc abc abc", "n-gram", "2", 0.0, 1.0, 24, True, None):
+        for update in _handler(models)("abc abc abc", "n-gram", "2", "none", 0.0, 1.0, 24, True, None):
             updates.append(update)
             go.release()
     finally:
@@ -272,7 +317,8 @@ def browser():
         b.close()
 
 
-def _fill(page, prompt: str, max_new: int, method: str | None = None, k: str | None = None, compare=True):
+def _fill(page, prompt: str, max_new: int, method: str | None = None, k: str | None = None, compare=True,
+          tree: str | None = None):
     """Set the form. The prompt goes last: on a page just loaded, the first edit was now and then lost by
     Gradio's front end (6.0-6.11: the default prompt was submitted), and the widgets before it need the page's
     scripts running."""
@@ -281,6 +327,9 @@ def _fill(page, prompt: str, max_new: int, method: str | None = None, k: str | N
     if k:
         page.locator("#k input").click()
         page.get_by_role("option", name=k, exact=True).click()
+    if tree:
+        page.locator("#tree_size input").click()
+        page.get_by_role("option", name=tree, exact=True).click()
     page.locator("#max_new input").fill(str(max_new))
     page.locator("#compare input").set_checked(compare)
     page.locator("#prompt textarea").fill(prompt)
@@ -299,11 +348,12 @@ def test_demo_in_a_headless_browser(app, browser):
     page.locator("#generate").click()
     expect(page.get_by_test_id("toast-body")).to_contain_text("Empty prompt", timeout=60_000)
     page.get_by_test_id("toast-close").first.click()
-    # Medusa heads at k = 3 on a code prompt: some drafted tokens accepted, some rejected; then plain
-    # decoding of the same prompt, and the speedup
-    _fill(page, "Write a Python function that returns the n-th Fibonacci number.", 48, "medusa", "3")
+    # Medusa heads at k = 3 with 16-node trees on a code prompt: some drafted tokens accepted, some rejected, the
+    # last step's tree drawn; then plain decoding of the same prompt, and the speedup
+    _fill(page, "Write a Python function that returns the n-th Fibonacci number.", 48, "medusa", "3", tree="16")
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text("finished", timeout=300_000)
+    assert page.locator("#tree_view li").count() > 1 and "drafted nodes" in page.locator("#tree_view").inner_text()
     assert page.locator("#tokens .hfspec-acc").count() > 0
     assert page.locator("#tokens .hfspec-rej").count() > 0
     assert page.locator("#tokens .hfspec-fix").count() > 0
@@ -314,7 +364,7 @@ def test_demo_in_a_headless_browser(app, browser):
     expect(page.locator("#acceptance_plot img")).to_have_count(1, timeout=30_000)  # the plot is drawn
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
     # Stop: Gradio cancels the run; the generation ends within one token of the cancel
-    _fill(page, "Count from 1 to 1000, one number per line.", 1024, "n-gram", compare=False)
+    _fill(page, "Count from 1 to 1000, one number per line.", 1024, "n-gram", compare=False, tree="none")
     before = _run_of(page)
     page.locator("#generate").click()
     run = _wait_running(page, after=before)

@@ -110,14 +110,17 @@ def model_check(prompts: list[dict], name: str, k: int) -> dict | None:
 
 def summarize(raw: dict, methods: list[Method], greedy: bool) -> dict:
     """Per method, overall and per category: the ``KEYS`` values (baseline included, speedup 1.0), and for
-    hf-spec's methods at a fixed k the speedup model's check (:func:`model_check`) under ``"model"``."""
+    hf-spec's methods at a fixed k drafting chains the speedup model's check (:func:`model_check`) under
+    ``"model"``; tree methods carry their ``num_tree_nodes``."""
     prompts = raw["prompts"]
     cats = list(dict.fromkeys(p["category"] for p in prompts))
     out = {}
     for m in methods:
         entry = _aggregate(prompts, m.name, greedy)
         entry["k"] = m.k
-        if m.kind == "hf-spec" and isinstance(m.k, int):
+        if m.tree:
+            entry["num_tree_nodes"] = m.tree
+        if m.kind == "hf-spec" and isinstance(m.k, int) and not m.tree:  # the model is a chain's
             entry["model"] = model_check(prompts, m.name, m.k)
         entry["per_category"] = {c: _aggregate([p for p in prompts if p["category"] == c], m.name, greedy) for c in cats}
         out[m.name] = entry
@@ -130,7 +133,7 @@ def speedup_vs_k(summary: dict, methods: list[Method]) -> dict:
     acceptance, cost ratio and verify cost (:func:`model_check`; ``None`` for transformers' methods)."""
     out: dict[str, list] = {}
     for m in methods:
-        if m.kind == "baseline" or not isinstance(m.k, int):  # k=auto has no single k to put on the axis
+        if m.kind == "baseline" or not isinstance(m.k, int) or m.tree:  # k=auto: no single k; a tree: no chain model
             continue
         check = summary[m.name].get("model")
         point = {"k": m.k, "measured": summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"],

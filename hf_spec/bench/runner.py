@@ -50,17 +50,21 @@ class Method:
             (hf-spec's methods only), or None for the baseline.
         spec: the drafter spec of an hf-spec method (``draft:NAME``, ``ngram``, ``medusa:DIR``, ...; see
             :mod:`hf_spec.drafters.registry`), or the draft model's name for ``hf-assisted``.
+        tree: num_tree_nodes of an hf-spec method whose drafter drafts trees: 0 (a chain), N or ``"auto"``.
     """
 
     name: str
     kind: str
     k: int | str | object | None = None
     spec: str | None = None
+    tree: int | str = 0
 
 
-def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Method]:
+def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: list | None = None) -> list[Method]:
     """Parse ``--methods`` (comma-separated: ``baseline``, transformers' peers, and any drafter spec) for one k
-    or a sweep of ks. Drafter specs are checked by the registry before any model loads.
+    or a sweep of ks, and each tree setting in ``trees`` (``--tree``: 0 = a chain, N nodes, ``"auto"``; default
+    ``[0]``) for methods whose drafters draft trees, named ``METHOD@tree=N`` unless 0 (other methods run as
+    chains, once). Drafter specs are checked by the registry before any model loads.
 
     ``ks == [None]`` (no k given): each method at its own default, a drafter's own k
     (:meth:`~hf_spec.drafters.base.Drafter.spec_num_speculative_tokens`: 3, a Medusa checkpoint's head count)
@@ -72,6 +76,7 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
         ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
             list, k < 1.
     """
+    trees = trees or [0]
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
@@ -98,6 +103,7 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
             if parsed is None:
                 raise ValueError("'none' is plain decoding: the baseline, which every run includes")
             kind, arg = "hf-spec", str(parsed)
+        shapes = trees if kind == "hf-spec" and parsed.cls.drafts_trees else [0]
         for k in ks:
             if k == "auto" and kind in PEERS:
                 if len(ks) > 1:
@@ -106,7 +112,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None) -> list[Me
             if k is None:  # no k given: the method's own
                 k = parsed.cls.spec_num_speculative_tokens(parsed.argument) if kind == "hf-spec" else \
                     DEFAULT_NUM_SPECULATIVE_TOKENS
-            out.append(Method(n if len(ks) == 1 else f"{n}@k={k}", kind, k, arg))
+            for tree in shapes:
+                name = n if len(ks) == 1 else f"{n}@k={k}"
+                out.append(Method(name if not tree else f"{name}@tree={tree}", kind, k, arg, tree))
     return out
 
 
@@ -172,7 +180,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
         kwargs["streamer"] = timer
     elif method.kind == "hf-spec":
         kwargs.update(custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafters[method.spec], spec_streamer=timer,
-                      num_speculative_tokens=method.k)
+                      num_speculative_tokens=method.k, **({"num_tree_nodes": method.tree} if method.tree else {}))
     elif method.kind == "hf-assisted":
         # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
         hf_draft.generation_config.update(num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant",

@@ -24,7 +24,7 @@ def run_bench_command(args) -> int:
     from .generate import read_corpus
 
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
-    methods = parse_methods(args.methods, ks, args.draft)  # bad methods fail before any model loads
+    methods = parse_methods(args.methods, ks, args.draft, args.tree)  # bad methods fail before any model loads
     if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
                                for m in methods):
         raise ValueError("--corpus needs a method that drafts from one: suffix or hybrid:draft:MODEL")
@@ -62,7 +62,8 @@ def run_bench_command(args) -> int:
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
     config = dict(machine, target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
-                  categories=list(dict.fromkeys(q.category for q in questions)), max_new_tokens=args.max_new_tokens,
+                  trees=args.tree, categories=list(dict.fromkeys(q.category for q in questions)),
+                  max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
                   draft_dtype=str(draft_dtype).replace("torch.", ""), device_map=device_map, device=str(target.device),
                   command="hf-spec " + " ".join(sys.argv[1:]))

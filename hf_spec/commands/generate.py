@@ -31,6 +31,9 @@ def run(args) -> int:
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
                          f"{args.drafter!r}")
+    if args.tree and (spec is None or not spec.cls.drafts_trees):
+        raise ValueError(f"--tree {args.tree}: drafter {args.drafter!r} drafts chains only; use --tree none, or a "
+                         "drafter that drafts trees: draft:MODEL or medusa:DIR")
     corpus = read_corpus(args.corpus)
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype, device_map)
@@ -42,6 +45,7 @@ def run(args) -> int:
     draft_model = getattr(drafter, "draft_model", None)
     config = {"target": args.target, "drafter": args.drafter,
               "num_speculative_tokens": args.k if args.k is not None or drafter is None else drafter.num_speculative_tokens,
+              "num_tree_nodes": args.tree,
               "dtype": str(dtype).replace("torch.", ""), "device_map": device_map, "device": str(model.device),
               "quantization": args.quantization,
               "draft_dtype": str(draft_model.dtype).replace("torch.", "") if draft_model is not None else None,
@@ -152,12 +156,13 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     else:
         gen_kwargs.update(temperature=None, top_p=None, top_k=None)
     k_call = "auto" if args.k == "auto" and drafter is not None else None
+    trees = {"num_tree_nodes": args.tree} if args.tree else {}
 
     # warm-up, so that one-time costs land on neither side of the comparison
     warm = chat_inputs(tokenizer, prompts[0], args.chat)
     model.generate(**warm, max_new_tokens=2, do_sample=False, tokenizer=tokenizer)
     model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
-                   tokenizer=tokenizer)
+                   tokenizer=tokenizer, **trees)
 
     rows, spec_s, base_s = [], 0.0, 0.0
     for first in range(0, len(prompts), args.batch_size):
@@ -166,7 +171,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
         prompt_len = inputs["input_ids"].shape[1]
         torch.manual_seed(args.seed)
         out = model.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, event_listeners=listeners,
-                             num_speculative_tokens=k_call, **gen_kwargs)
+                             num_speculative_tokens=k_call, **trees, **gen_kwargs)
         spec_s += out.stats.total_s
         if args.compare:
             torch.manual_seed(args.seed)
@@ -235,5 +240,6 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
     if args.compare:
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
     print()
-    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']} dtype={config['dtype']} "
+    tree = f" tree={config['num_tree_nodes']}" if config["num_tree_nodes"] else ""
+    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']}{tree} dtype={config['dtype']} "
           f"device {config['device']} batch size {config['batch_size']}]")
