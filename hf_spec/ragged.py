@@ -155,8 +155,8 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
-        # a tree fed level by level (forward_nodes): its first slot, which nodes each node sees, their depths
-        self._nodes: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        # a tree fed level by level (forward_nodes): its first slot, and which nodes each node sees
+        self._nodes: tuple[int, torch.Tensor] | None = None
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -237,9 +237,8 @@ class RaggedCache:
         device = self.valid.device
         parents = parents.to(device)
         if self._nodes is None:  # the tree's first level: its nodes start at the current end of the cache
-            self._nodes = (self.valid.shape[1], torch.zeros(bsz, 0, 0, dtype=torch.bool, device=device),
-                           torch.zeros(bsz, 0, dtype=torch.long, device=device))
-        start, sees, depth = self._nodes
+            self._nodes = (self.valid.shape[1], torch.zeros(bsz, 0, 0, dtype=torch.bool, device=device))
+        start, sees = self._nodes
         fed = sees.shape[1]
         if bool(((parents < -1) | (parents >= fed)).any()):
             raise ValueError(f"forward_nodes: parents must be -1 or one of the {fed} nodes fed before, got "
@@ -252,11 +251,10 @@ class RaggedCache:
             new_sees[:, :, :fed] = torch.where(
                 has_parent, sees[rows, up] | torch.nn.functional.one_hot(up, fed).bool(), False)
         new_sees[:, :, fed:] = torch.eye(n, dtype=torch.bool, device=device)
-        new_depth = torch.where(parents >= 0, depth.gather(1, up) if fed else depth.new_zeros(bsz, n), 0) + 1
         sees = torch.cat([torch.nn.functional.pad(sees, (0, n)), new_sees], dim=1)
-        depth = torch.cat([depth, new_depth], dim=1)
-        self._nodes = (start, sees, depth)
-        position_ids = self.lengths[:, None] + new_depth - 1
+        self._nodes = (start, sees)
+        depth = sees.sum(dim=-1)  # a node's depth: the nodes it sees, itself and its ancestors (the root not)
+        position_ids = self.lengths[:, None] + depth[:, fed:] - 1
         self.valid = torch.cat([self.valid, torch.zeros(bsz, n, dtype=torch.bool, device=device)], dim=1)
         seen = torch.zeros(bsz, n, self.valid.shape[1], dtype=torch.bool, device=device)
         seen[:, :, :start] = self.valid[:, None, :start]

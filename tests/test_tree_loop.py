@@ -99,12 +99,15 @@ def _took_a_later_sibling(tokens, parents, accepted) -> bool:
     return False
 
 
+#: one prompt, and a left-padded batch of two
+INPUTS = (dict(input_ids=torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])),
+          dict(input_ids=torch.tensor([[1, 1, 0, 5, 9, 5, 3, 7], [0, 7, 3, 7, 3, 2, 4, 6]]),
+               attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])))
+
+
 def test_tree_greedy_is_the_targets_own_output_single_and_batched():
     target, draft = noisy_pair()
-    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])
-    batch = torch.tensor([[1, 1, 0, 5, 9, 5, 3, 7], [0, 7, 3, 7, 3, 2, 4, 6]])
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
-    for inputs in (dict(input_ids=prompt), dict(input_ids=batch, attention_mask=mask)):
+    for inputs in INPUTS:
         ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
         events = []
         out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
@@ -126,10 +129,7 @@ def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
     at several tree sizes; the tree took later siblings and needed fewer target forwards than the chain in the
     batch; a tree of k nodes is the chain itself (the same drafts, step by step)."""
     target, draft = noisy_pair()
-    prompt = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7]])
-    batch = torch.tensor([[1, 1, 0, 5, 9, 5, 3, 7], [0, 7, 3, 7, 3, 2, 4, 6]])
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
-    for inputs in (dict(input_ids=prompt), dict(input_ids=batch, attention_mask=mask)):
+    for inputs in INPUTS:
         ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
         runs = {}
         for nodes in (0, 3, 8, 20):
