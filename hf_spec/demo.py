@@ -13,10 +13,11 @@ half speed) and its tokens/s is kept per prompt and settings, so asking again sh
 
 One generation at a time: requests are queued one at a time (``default_concurrency_limit=1``) and every
 generation also holds :attr:`DemoModels.lock`, because Gradio frees the queue slot of a request whose browser
-went away before the leftover generation has stopped. A closed tab, a reload or the Stop button ends the
-request's generator (Gradio closes it); its cleanup sets the run's stop flag, which the loop reads as a
-transformers ``StoppingCriteria`` after every token, so at most one more token is generated. ``--log FILE``
-records every run (start, cancel, end) as JSON lines.
+went away before the leftover generation has stopped. The Stop button sets the page's running generation's
+stop flag, which the loop reads as a transformers ``StoppingCriteria`` after every token, so at most one more
+token is generated and the run ends as a finished event (status "stopped"); a closed tab or a reload ends the
+request's generator (Gradio closes it), whose cleanup sets the same flag. ``--log FILE`` records every run
+(start, cancel, end) as JSON lines.
 """
 
 import html
@@ -218,6 +219,12 @@ class DemoModels:
     plain_cache: OrderedDict = field(default_factory=OrderedDict)
     log: RunLog = field(default_factory=RunLog)
     run_ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    running: dict = field(default_factory=dict)  # page session -> its latest run (what Stop stops)
+
+    def stop(self, session: str) -> int | None:
+        """Stop the page ``session``'s running generation (the Stop button); the id of the run it stopped."""
+        run = self.running.get(session)
+        return run.id if run is not None and run.cancel(self.log) else None
 
     def drafter(self, method: str):
         """The drafter for a page label (``None`` for ``"none"``).
@@ -274,6 +281,15 @@ class _Run(StoppingCriteria):
         self.done = False
         self.text = None  # the speculative output as the page shows it, once complete
         self.lock = threading.Lock()  # orders the cancel record before the end record
+
+    def cancel(self, log: "RunLog") -> bool:
+        """Set the stop flag of a run that has not ended and record the cancel; whether it had not ended."""
+        with self.lock:
+            if self.done:
+                return False
+            self.stop.set()  # then read the count: the generation keeps at most one more token
+            log.write("cancel", self.id, phase=self.phase, tokens=self.tokens)
+            return True
 
     def __call__(self, input_ids, scores, **kwargs):
         self.tokens = input_ids.shape[-1] - self.prompt_len  # before reading the flag: see stream()'s cleanup
@@ -397,6 +413,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
         return (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, plain), plot, plain_text, status,
                 render_tree(last_draft, decode))
 
+    models.running[session] = run
     worker.start()
     try:
         while True:
@@ -441,13 +458,12 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
             raise RuntimeError(f"Generation failed: {error}") from error
         if stats.num_target_forwards != plotted:
             plot = _acceptance_plot(stats)
-        status = f"run {run.id}: finished"
+        status = f"run {run.id}: " + ("stopped" if run.stop.is_set() else "finished")
         yield update()
     finally:
-        with run.lock:
-            if not run.done:  # closed early: the page went away or Stop was pressed
-                run.stop.set()  # then read the count: the generation keeps at most one more token
-                models.log.write("cancel", run.id, phase=run.phase, tokens=run.tokens)
+        run.cancel(models.log)  # closed early (the page went away): stop the generation
+        if models.running.get(session) is run:
+            del models.running[session]
 
 
 def _handler(models: DemoModels):
@@ -476,6 +492,17 @@ def _handler(models: DemoModels):
             raise gr.Error(html.escape(str(e)), title="Generation failed") from e
 
     return on_generate
+
+
+def _stopper(models: DemoModels):
+    """The Stop button's Gradio handler: stops this page's running generation (:meth:`DemoModels.stop`)."""
+    import gradio as gr
+
+    def on_stop(request: gr.Request):
+        stopped = models.stop(getattr(request, "session_hash", None) or "")
+        return f"run {stopped}: stopping" if stopped is not None else gr.skip()
+
+    return on_stop
 
 
 def build_app(models: DemoModels):
@@ -515,10 +542,11 @@ def build_app(models: DemoModels):
                 plot = gr.Plot(label="Acceptance by draft position", elem_id="acceptance_plot")
                 plain = gr.Textbox(label="Plain decoding of the same prompt", lines=4, elem_id="plain")
 
-        run = go.click(_handler(models), [prompt, method, k, tree, temperature, top_p, max_new, compare],
+        go.click(_handler(models), [prompt, method, k, tree, temperature, top_p, max_new, compare],
                        [out, stats, plot, plain, status, tree_view])
-        # Gradio cancels the run and closes its generator, whose cleanup stops the generation
-        halt.click(lambda: "stopped", None, [status], cancels=[run])
+        # Stop sets the run's own stop flag; the run then ends as any run does, with status "stopped" (not
+        # Gradio's `cancels=`, which raced the run's last update and could leave the page showing "Error")
+        halt.click(_stopper(models), None, [status], concurrency_limit=None)
     app.queue(default_concurrency_limit=1)
     return app
 

@@ -1,5 +1,5 @@
 """The Gradio demo. Mechanics on a tiny random model: closing a request's stream (what Gradio does when its
-page goes away or Stop is pressed) stops its generation within one token and the next request waits for it;
+page goes away) or pressing Stop stops its generation within one token and the next request waits for it;
 plain decoding is measured once per prompt and settings; bad input is a ``gr.Error``. Then the real app in
 a real headless browser (Debian's chromium driven by Playwright), on the real SmolLM2-135M with its shipped
 Medusa heads: accepted and rejected tokens marked, the speedup shown, a closed tab's generation stopped, two
@@ -132,10 +132,13 @@ def _records(models, run):
     return {r["event"]: r for r in models.log.records if r["run"] == run}
 
 
-def test_closing_the_stream_stops_its_generation_and_the_next_request_waits():
-    """Gradio closes a request's generator when its page goes away (or Stop is pressed). The generation
-    then keeps at most one more token than it had when the close was recorded, and a request that arrived
-    meanwhile starts only after it ended: the target forward in flight is held until both have happened."""
+@pytest.mark.parametrize("how", ["closed", "stop"])
+def test_closing_the_stream_stops_its_generation_and_the_next_request_waits(how):
+    """Gradio closes a request's generator when its page goes away; the Stop button sets the page's run's stop
+    flag (``DemoModels.stop``), and that run's stream then ends as any does, with status "stopped". Either way
+    the generation keeps at most one more token than it had when the cancel was recorded, and a request that
+    arrived meanwhile starts only after it ended: the target forward in flight is held until both have
+    happened."""
     models = _tiny_models()
     in_forward, release, forwards = threading.Event(), threading.Event(), []
 
@@ -150,16 +153,22 @@ def test_closing_the_stream_stops_its_generation_and_the_next_request_waits():
         first = stream(models, "abc def abc def", "n-gram", 2, 0.0, 1.0, 200, True, "page-1")
         next(first)  # running
         assert in_forward.wait(60)
-        first.close()  # what Gradio does for a closed tab: the generator's cleanup stops the generation
+        if how == "closed":
+            first.close()  # what Gradio does for a closed tab: the generator's cleanup stops the generation
+        else:
+            assert models.stop("page-1") == 1 and models.stop("page-2") is None
         second = stream(models, "something else", "n-gram", 2, 0.0, 1.0, 8, False, "page-2")
         update = next(second)
         assert "waiting for the previous generation to stop" in update[4]
         release.set()
         *_, last = [u for u in second if u is not None]
+        if how == "stop":
+            *_, stopped = [u for u in first if u is not None]
+            assert stopped[4] == "run 1: stopped" and models.stop("page-1") is None
     finally:
         release.set()
         handle.remove()
-    assert "finished" in last[4]
+    assert last[4] == "run 2: finished" and not models.running
     one, two = _records(models, 1), _records(models, 2)
     assert one["cancel"]["phase"] == "speculative" and one["cancel"]["tokens"] >= 1
     assert one["end"]["stopped"] and one["end"]["phase"] == "speculative"
@@ -363,15 +372,14 @@ def test_demo_in_a_headless_browser(app, browser):
     assert page.locator("#plain textarea").input_value().strip()
     expect(page.locator("#acceptance_plot img")).to_have_count(1, timeout=30_000)  # the plot is drawn
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
-    # Stop: Gradio cancels the run; the generation ends within one token of the cancel
+    # Stop: the run's stop flag is set; the generation ends within one token of the cancel, as a finished event
     _fill(page, "Count from 1 to 1000, one number per line.", 1024, "n-gram", compare=False, tree="none")
     before = _run_of(page)
     page.locator("#generate").click()
     run = _wait_running(page, after=before)
     page.locator("#stop").click()
     expect(page.locator("#status")).to_contain_text("stopped", timeout=60_000)
-    # the page takes Generate again once Gradio has finished cancelling (its progress overlay hides; a click
-    # before that is ignored, as any click on a running event)
+    # the event ends (its progress overlay hides: no "Error" there), so the page takes Generate again
     expect(page.locator('#tokens [data-testid="status-tracker"]')).to_have_class(re.compile(r"\bhide\b"),
                                                                                 timeout=60_000)
     # absurd max tokens: a message
