@@ -47,15 +47,17 @@ def test_generate_prompt_file_jsonl(tmp_path):
 
 @slow
 def test_generate_batches_compare_json(tmp_path):
-    """--batch-size 3 over 4 prompts (batches of 3 and 1), one answer ending early on EOS."""
+    """--batch-size 3 over 4 prompts (batches of 3 and 1), one answer ending early on EOS; the draft model made
+    int8 (the real model's outlier activations included), every row still identical to plain decoding."""
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "Say hello."}\n{"turns": ["Write a Python function that reverses a string."]}\n'
                  '{"prompt": "List three colors."}\n{"prompt": "What is 2 + 2? Answer with a number only."}\n')
-    r = run("generate", "--target", "smollm2-135m", "--drafter", "ngram", "-k", "3", "--max-new-tokens", "24",
-            "--prompt-file", str(f), "--chat", "--batch-size", "3", "--compare", "--json", "--dtype", "float32")
+    r = run("generate", "--target", "smollm2-135m", "--drafter", "draft:smollm2-135m", "--draft-dtype", "int8", "-k",
+            "3", "--max-new-tokens", "24", "--prompt-file", str(f), "--chat", "--batch-size", "3", "--compare", "--json",
+            "--dtype", "float32")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    assert out["config"]["batch_size"] == 3 and len(out["rows"]) == 4
+    assert out["config"]["batch_size"] == 3 and len(out["rows"]) == 4 and out["config"]["draft_dtype"] == "int8"
     for row in out["rows"]:
         assert row["identical_to_baseline"] is True
         assert 0 < row["new_tokens"] <= 24 and 0.0 <= row["acceptance_rate"] <= 1.0

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from hf_spec import kernels
-from hf_spec.kernels import install_upcast_prefill, install_verify_linear, measured_forms, verify_linear
+from hf_spec.kernels import (install_upcast_prefill, install_verify_linear, is_int8_draft, measured_forms,
+                             quantize_draft_int8, verify_linear)
 
 from .conftest import tiny_llama
 
@@ -135,3 +136,38 @@ def test_routed_models_still_pickle_and_deep_copy():
                     assert torch.allclose(clone(x).float(), torch.nn.functional.linear(
                         x.float(), clone[0].weight.float(), clone[0].bias.float()), rtol=2e-2, atol=2e-2)
                     assert not torch.allclose(clone(x).float(), model(x).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does(monkeypatch, native_bf16):
+    """quantize_draft_int8: every linear layer int8 but the MLP down projections (bfloat16 weights where the CPU
+    computes bfloat16 natively, else float32), float32 in and out, logits close to the float32 model's; a
+    model that is not float32 is refused."""
+    from hf_spec import device
+    from hf_spec.drafters.base import logit_rows
+    from hf_spec.drafters.draft_model import _compute_parameters
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
+    model = tiny_llama(vocab_size=64, hidden=32, layers=2)  # intermediate size 64
+    before = _compute_parameters(model)
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        reference = model(ids).logits
+    assert not is_int8_draft(model)
+    assert quantize_draft_int8(model) == 2 * 6 + 1  # q, k, v, o, gate, up per layer, and the head
+    assert is_int8_draft(model)
+    for layer in model.model.layers:
+        assert all(isinstance(getattr(layer.self_attn, n), DynamicLinear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        assert isinstance(layer.mlp.gate_proj, DynamicLinear) and isinstance(layer.mlp.up_proj, DynamicLinear)
+        assert type(layer.mlp.down_proj) is torch.nn.Linear
+        assert layer.mlp.down_proj.weight.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert logit_rows(model) == 64 and _compute_parameters(model) == before
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.dtype == torch.float32
+    spread = reference.abs().max()
+    assert (logits - reference).abs().max() < 0.05 * spread  # int8 rounding, not another function
+    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+    with pytest.raises(ValueError, match="float32 model on the CPU"):
+        quantize_draft_int8(tiny_llama().to(torch.bfloat16))

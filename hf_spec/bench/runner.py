@@ -22,7 +22,7 @@ from transformers.generation import candidate_generator as hf_candidates
 from transformers.generation.streamers import BaseStreamer
 
 from ..device import clock
-from ..device import draft_dtype as _draft_dtype
+from ..drafters.draft_model import load_draft_model
 from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
 from ..drafters.hybrid import HybridDrafter
 from ..drafters.registry import DRAFTERS, drafter_specs, make_drafter, parse_drafter
@@ -301,8 +301,6 @@ def run_bench(
     """
     from tqdm import tqdm
 
-    from ..models import load
-
     method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec)
                    for m in methods]
     key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
@@ -333,9 +331,7 @@ def run_bench(
     hf_draft = None
     hf_names = {m.spec for m in methods if m.kind == "hf-assisted"}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
-        hf_draft, _ = load(hf_names.pop(), dtype=_draft_dtype(target.dtype, draft_dtype))
-        if target.device.type not in ("cpu", "meta"):
-            hf_draft.to(target.device)
+        hf_draft, _ = load_draft_model(hf_names.pop(), target, draft_dtype)  # the same kind of draft as hf-spec's
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature, **(sampling or {})) if temperature > 0
                       else dict(temperature=None, top_p=None, top_k=None))

@@ -17,7 +17,7 @@ def run_bench_command(args) -> int:
     """
     from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
     from ..device import draft_dtype as _draft_dtype
-    from ..device import machine_info, resolve_device_map, resolve_dtype
+    from ..device import check_draft_dtype, machine_info, main_device, resolve_device_map, resolve_dtype
     from ..models import load
     from ..drafters.registry import DRAFTERS
     from ..prompts import load_questions
@@ -49,8 +49,9 @@ def run_bench_command(args) -> int:
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
     device_map = resolve_device_map(args.device_map)
+    check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
-    draft_dtype = _draft_dtype(dtype, args.draft_dtype)
+    draft_dtype = _draft_dtype(dtype, args.draft_dtype, main_device(device_map))
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
     # the record of the code and machine as the run starts (a long run's report is written after later commits)
     machine = machine_info()
@@ -88,7 +89,7 @@ def run_tune(args) -> int:
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize
     from ..device import draft_dtype as _draft_dtype
-    from ..device import resolve_device_map, resolve_dtype
+    from ..device import check_draft_dtype, main_device, resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..metrics import SpecStats
     from ..models import load
@@ -104,8 +105,9 @@ def run_tune(args) -> int:
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
     device_map = resolve_device_map(args.device_map)
+    check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
-    draft_dtype = _draft_dtype(dtype, args.draft_dtype)
+    draft_dtype = _draft_dtype(dtype, args.draft_dtype, main_device(device_map))
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
     drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=draft_dtype)  # built once, both runs
     spec = str(spec)

@@ -21,12 +21,14 @@ def run(args) -> int:
         ValueError: bad input (an empty prompt, a bad drafter spec, a port out of range, ...), before any
             model loads where it can be told then.
     """
-    from ..device import resolve_device_map, resolve_dtype
+    from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..models import load
+    from ..kernels import is_int8_draft
 
     _check_args(args)
     device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
+    check_draft_dtype(args.draft_dtype, device_map)
     spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
@@ -48,7 +50,8 @@ def run(args) -> int:
               "num_tree_nodes": args.tree,
               "dtype": str(dtype).replace("torch.", ""), "device_map": device_map, "device": str(model.device),
               "quantization": args.quantization,
-              "draft_dtype": str(draft_model.dtype).replace("torch.", "") if draft_model is not None else None,
+              "draft_dtype": ("int8" if is_int8_draft(draft_model) else str(draft_model.dtype).replace("torch.", ""))
+              if draft_model is not None else None,
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
     if args.json:
         result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows, **totals}

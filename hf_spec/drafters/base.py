@@ -63,6 +63,8 @@ def logit_rows(model) -> int:
     """The number of rows of a causal LM's logits: its ``lm_head``'s (padded vocabularies included), else
     ``config.vocab_size``."""
     head = model.get_output_embeddings()
+    if head is not None and isinstance(getattr(head, "out_features", None), int):  # an int8 head's weight is a method
+        return head.out_features
     return head.weight.shape[0] if head is not None and hasattr(head, "weight") else \
         model.config.get_text_config().vocab_size
 

@@ -84,13 +84,7 @@ class DraftModelDrafter(Drafter):
         """``draft:MODEL``: load MODEL (an offline short name, a folder or a hub name) with
         :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``), on
         the target's device; with ``tokenizer``, its vocabulary must equal the draft's."""
-        from ..models import load
-
-        dtype = _draft_dtype(getattr(target, "dtype", None), draft_dtype)
-        model, draft_tokenizer = load(argument, dtype=dtype)
-        device = getattr(target, "device", None)
-        if device is not None and device.type not in ("cpu", "meta"):
-            model.to(device)
+        model, draft_tokenizer = load_draft_model(argument, target, draft_dtype)
         return cls(model, num_speculative_tokens, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
 
     def prepare(self, target, input_ids) -> None:
@@ -288,11 +282,41 @@ def _path(tokens: torch.LongTensor, parents: torch.LongTensor, node: int) -> tor
     return tokens.new_tensor(path[::-1])
 
 
+def load_draft_model(name: str, target=None, draft_dtype=None):
+    """``(model, tokenizer)`` of the draft model ``name`` (an offline short name, a folder or a hub name), loaded
+    with :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``) on
+    the target's device; ``"int8"``: loaded in float32 and made int8 (:func:`hf_spec.kernels.quantize_draft_int8`).
+
+    Raises:
+        ValueError: ``"int8"`` beside a target that is not on the CPU, before anything loads.
+    """
+    from ..kernels import quantize_draft_int8
+    from ..models import load
+
+    device = getattr(target, "device", None)
+    dtype = _draft_dtype(getattr(target, "dtype", None), draft_dtype, device)
+    moves = device is not None and device.type not in ("cpu", "meta")
+    if dtype == "int8" and moves:
+        raise ValueError(f"an int8 draft runs on the CPU only (torch's dynamic int8 kernels), and the target is on "
+                         f"{device}: use draft dtype bfloat16 or auto there")
+    model, tokenizer = load(name, dtype=torch.float32 if dtype == "int8" else dtype)
+    if dtype == "int8":
+        quantize_draft_int8(model)
+    elif moves:
+        model.to(device)
+    return model, tokenizer
+
+
 def _compute_parameters(model) -> int:
-    """Parameters a forward computes with per token: all but the input embeddings (a lookup)."""
+    """Parameters a forward computes with per token: all but the input embeddings (a lookup); an int8 layer's
+    packed weights count as parameters."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
     embeddings = model.get_input_embeddings()
     skip = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
-    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    # in x out, not weight().numel(): weight() unpacks the int8 matrix, ~2 s for a 0.5B draft at every call
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, DynamicLinear))
+    return packed + sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
 def _common_prefix(cached: torch.LongTensor, seq: torch.LongTensor) -> int:
