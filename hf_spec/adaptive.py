@@ -36,8 +36,10 @@ writing prompt, a_1 ~ 0.02, is off after 4 steps at k = 1); then larger k are me
 once: the drafter's own k, then twice the largest k measured, up to ``k_max``, each when either of two
 optimistic models of it predicts a gain over the best prediction and over plain decoding:
 
-- drafting costs per step what it costs now (a draft model with a large per-step cost, whatever k);
-  skipped where even this cannot pay (an n-gram drafter on a short translation: 4 steps at k = 3 that
+- while one k alone is measured: drafting costs per step what it costs now (a draft model with a large
+  per-step cost, whatever k; once two k are measured, the line fitted through them prices drafting: an int8
+  draft model at ~0.2 T_1 per token looked free per step to this model, and measuring k = 6 and k = 8 for 4
+  steps each on prose that accepted 39% cost more than it found); skipped where even this cannot pay (an n-gram drafter on a short translation: 4 steps at k = 3 that
   accepted nothing cost 9% of an 18-token answer);
 - only where no k is predicted to pay by the margin: a step at the larger k costs what a step at the
   largest k measured costs (an upper bound). This fires on high acceptance: the tokens a longer draft
@@ -403,8 +405,11 @@ class AdaptiveK:
         Two optimistic models of a step at ``k``; either predicting a gain (over the best predicted speedup and
         over ``off_below``, by ``margin``) is enough:
 
-        - drafting costs per step what it costs now at the k in use, whatever k (verifying as modelled):
-          a draft model with a large per-step cost can lose at k = 1 and win at larger k;
+        - while one k alone has been measured: drafting costs per step what it costs now at the k in use,
+          whatever k (verifying as modelled): a draft model with a large per-step cost can lose at one k and
+          win at a larger one. Once two k are measured, drafting's per-token cost is measured too, and the
+          fitted line decides (an int8 draft model at 0.2 T_1 per token looked free per step under this model,
+          and 4 steps each at k = 6 and k = 8 on prose that accepted 39% cost more than they found);
         - only where no k is predicted to pay by ``margin`` (the judgment is about to switch speculation off or
           keep a k that barely pays): a step at ``k`` costs what a step at the largest k measured costs (an
           upper bound: a larger k never costs less). This is high acceptance at the positions seen: the
@@ -420,7 +425,7 @@ class AdaptiveK:
         step_draft = self._median(self._draft.get(self.k, [])) or 0.0
         gain = max(speed, self.off_below) * (1 + self.margin)
         hopeful = self.predicted_speedup(k, model._replace(draft_line=(step_draft, 0.0)))
-        if hopeful > gain:
+        if hopeful > gain and len(self._step) < 2:
             return f"predicted {speed:.2f}x (k={k}: up to {hopeful:.2f}x): measure k={k} too"
         bound = expected_tokens_per_step(model.acceptance, k) / max(1e-9, self.step_cost(largest, model))
         if speed < self.off_below * (1 + self.margin) and bound > gain:
