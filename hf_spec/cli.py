@@ -78,9 +78,10 @@ JSON_HELP = ("print one JSON object on standard output: the result, or on failur
              "\"exit_status\"}")
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
 DRAFT_DTYPE_CHOICES = DTYPE_CHOICES + ["int8"]
-DRAFT_DTYPE_HELP = ("draft model dtype; auto = bfloat16 (float16 beside a float16 target): a draft's rounding cannot "
-                    "change the output, and half the bytes make each drafted token cheaper; int8 = linear layers "
-                    "int8 with dynamic activation quantization (CPU only; MLP down projections stay bfloat16)")
+DRAFT_DTYPE_HELP = ("draft model dtype; a draft's rounding cannot change the output, and fewer bytes make each drafted "
+                    "token cheaper. auto = int8 on a CPU with VNNI (avx512_vnni, avx_vnni, amx_int8), else bfloat16 "
+                    "(float16 beside a float16 target); int8 = linear layers int8 with dynamic activation quantization "
+                    "(CPU only; the MLP down projections stay bfloat16, float32 without native bfloat16)")
 
 
 def _add_generate(sub) -> None:

@@ -227,11 +227,13 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
         The number of layers made int8.
 
     Raises:
-        ValueError: a model that is not float32 or not on the CPU (fbgemm's int8 kernels are CPU-only; on a
-            GPU use a bfloat16 draft).
+        ValueError: a model that is int8 already, or not float32, or not on the CPU (fbgemm's int8 kernels are
+            CPU-only; on a GPU use a bfloat16 draft).
     """
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+    if is_int8_draft(model):
+        raise ValueError("this draft model is int8 already (quantize_draft_int8 was called on it): use it as it is")
     params = list(model.parameters())
     if any(p.device.type != "cpu" for p in params) or any(p.dtype != torch.float32 for p in params if p.is_floating_point()):
         raise ValueError("an int8 draft is made from a float32 model on the CPU (torch's dynamic int8 kernels are "

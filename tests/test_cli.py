@@ -105,10 +105,12 @@ def test_generate_hybrid_with_a_corpus(tmp_path):
     corpus = tmp_path / "answers.txt"
     corpus.write_text(plain["text"] * 2)
     r = run("generate", "--target", "smollm2-135m", "--drafter", "hybrid:draft:smollm2-135m", "--corpus", str(corpus),
-            "--max-new-tokens", "24", "--prompt", prompt, "--chat", "--compare", "--json", "--dtype", "float32")
+            "--max-new-tokens", "24", "--prompt", prompt, "--chat", "--compare", "--json", "--dtype", "float32",
+            "--draft-dtype", "bfloat16")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["identical_to_baseline"] is True and out["text"] == plain["text"]
+    assert out["config"]["draft_dtype"] == "bfloat16"  # the hybrid's draft model, reported as the draft's
     assert out["per_source"]["suffix"]["accepted_tokens"] > 0 and "draft" in out["per_source"], out["per_source"]
 
 

@@ -169,5 +169,7 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
     spread = reference.abs().max()
     assert (logits - reference).abs().max() < 0.05 * spread  # int8 rounding, not another function
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+    with pytest.raises(ValueError, match="int8 already"):  # on every CPU (the down projections may stay float32)
+        quantize_draft_int8(model)
     with pytest.raises(ValueError, match="float32 model on the CPU"):
         quantize_draft_int8(tiny_llama().to(torch.bfloat16))

@@ -44,7 +44,9 @@ def run(args) -> int:
                            tokenizer=tokenizer, draft_dtype=args.draft_dtype, corpus=corpus)
     listeners = _metrics_listeners(args, drafter)
     rows, totals = _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype)
-    draft_model = getattr(drafter, "draft_model", None)
+    # a draft model drafter's model, or a hybrid drafter's model source's
+    draft_model = getattr(drafter, "draft_model", None) or getattr(getattr(drafter, "model_drafter", None),
+                                                                    "draft_model", None)
     config = {"target": args.target, "drafter": args.drafter,
               "num_speculative_tokens": args.k if args.k is not None or drafter is None else drafter.num_speculative_tokens,
               "num_tree_nodes": args.tree,
