@@ -39,8 +39,9 @@ optimistic models of it predicts a gain over the best prediction and over plain 
 - while one k alone is measured: drafting costs per step what it costs now (a draft model with a large
   per-step cost, whatever k; once two k are measured, the line fitted through them prices drafting: an int8
   draft model at ~0.2 T_1 per token looked free per step to this model, and measuring k = 6 and k = 8 for 4
-  steps each on prose that accepted 39% cost more than it found); skipped where even this cannot pay (an n-gram drafter on a short translation: 4 steps at k = 3 that
-  accepted nothing cost 9% of an 18-token answer);
+  steps each on prose that accepted 39% cost more than it found); skipped where even this cannot pay (an
+  n-gram drafter on a short translation: 4 steps at k = 3 that accepted nothing cost 9% of an 18-token
+  answer);
 - only where no k is predicted to pay by the margin: a step at the larger k costs what a step at the
   largest k measured costs (an upper bound). This fires on high acceptance: the tokens a longer draft
   emits could pay for a per-step overhead that a model extrapolated from k = 1 charges once per drafted

@@ -194,9 +194,10 @@ def check_draft_dtype(name: str | None, device_map=None) -> None:
     int8 kernels) is CPU-only.
 
     Raises:
-        ValueError: ``"int8"`` with a target that goes to a GPU (``device_map``, as :func:`main_device` reads it).
+        ValueError: ``"int8"`` with a target that goes to a GPU (``device_map``: a device map or a
+            ``torch.device``, as :func:`main_device` reads it).
     """
-    if name == "int8" and main_device(device_map).type != "cpu":
+    if name == "int8" and main_device(device_map).type not in ("cpu", "meta"):
         raise ValueError(f"--draft-dtype int8 runs on the CPU only (torch's dynamic int8 kernels), and the target goes "
                          f"to {main_device(device_map)}: use --draft-dtype auto or bfloat16 there")
 

@@ -160,14 +160,19 @@ def _route(model: torch.nn.Module, forward, min_weight: int = 0) -> int:
 
 
 def _route_modules(modules, forward) -> int:
-    """Point each of ``modules`` at ``forward``; how many."""
+    """Point each of ``modules`` at ``forward``, except those another of hf-spec's forwards already owns (an int8
+    draft's bfloat16 down projections stay bfloat16 when the verify-aware forward is installed over the model);
+    how many point at ``forward``."""
+    count = 0
     for module in modules:
-        if getattr(module, "_hf_spec_forward", None) is not forward:
+        owner = getattr(module, "_hf_spec_forward", None)
+        if owner is None:
             # a partial of a module-level function, not a bound method: the model still pickles and deep-copies
             # (pickle rebuilds a bound method by looking its function's name up on the module, which fails)
             module.forward = functools.partial(forward, module)
-            module._hf_spec_forward = forward
-    return len(modules)
+            module._hf_spec_forward = owner = forward
+        count += owner is forward
+    return count
 
 
 @contextlib.contextmanager
@@ -204,19 +209,20 @@ def install_upcast_prefill(model: torch.nn.Module) -> int:
 
 
 def _bfloat16_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    bias = None if module.bias is None else module.bias.to(torch.bfloat16)
-    return F.linear(x.to(torch.bfloat16), module.weight, bias).to(x.dtype)
+    """A linear layer whose weight (and bias) :func:`quantize_draft_int8` made bfloat16, for inputs of any dtype."""
+    return F.linear(x.to(torch.bfloat16), module.weight, module.bias).to(x.dtype)
 
 
 def quantize_draft_int8(model: torch.nn.Module) -> int:
     """Make a float32 *draft* model on the CPU cheaper per drafted token, in place: its ``nn.Linear`` layers
     become int8 with dynamic activation quantization (weights int8 per output channel; each call quantizes its
     input per tensor at run time; torch's fbgemm kernels, VNNI where the CPU has it), except the MLP down
-    projections (``intermediate_size`` in, ``hidden_size`` out, from the config), which keep bfloat16 weights with
-    float32 inputs and outputs on a CPU with native bfloat16 (float32 weights elsewhere). Their inputs carry the few very large activations of these models, which one
-    int8 scale per tensor loses: on Qwen2.5-Coder-0.5B over Spec-Bench text the draft's top-1 token agreed
-    with its float32 self at 65% with every layer int8 and at 87% with the down projections in bfloat16
-    (bfloat16 throughout: 98%). The rest (embeddings, norms, attention) stays float32.
+    projections (``intermediate_size`` in, ``hidden_size`` out, from the config), which keep bfloat16 weights
+    with float32 inputs and outputs on a CPU with native bfloat16 (float32 weights elsewhere). Their inputs
+    carry the few very large activations of these models, which one int8 scale per tensor loses: on
+    Qwen2.5-Coder-0.5B over Spec-Bench text the draft's top-1 token agreed with its float32 self at 65% with
+    every layer int8 and at 87% with the down projections in bfloat16 (bfloat16 throughout: 98%). The rest
+    (embeddings, norms, attention) stays float32.
 
     A draft's rounding cannot change the output: the target verifies every drafted token, so a less accurate
     draft only lowers acceptance. Never used on targets. ``torch.ao.quantization.quantize_dynamic`` is
@@ -231,6 +237,8 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
             CPU-only; on a GPU use a bfloat16 draft).
     """
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from .device import cpu_has_native_bf16
 
     if is_int8_draft(model):
         raise ValueError("this draft model is int8 already (quantize_draft_int8 was called on it): use it as it is")
@@ -247,8 +255,6 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
                 down.append(module)
             else:
                 spec[name] = per_channel_dynamic_qconfig
-    from .device import cpu_has_native_bf16
-
     if cpu_has_native_bf16():
         for module in down:
             module.weight.data = module.weight.data.to(torch.bfloat16)

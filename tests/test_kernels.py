@@ -171,5 +171,15 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
     with pytest.raises(ValueError, match="int8 already"):  # on every CPU (the down projections may stay float32)
         quantize_draft_int8(model)
+    # the verify-aware forward installed over it (measure_forward_times does, on any float32 CPU model) leaves the
+    # bfloat16 down projections theirs: one- and two-row forwards still run and compute the same
+    from hf_spec.tuning import measure_forward_times
+
+    monkeypatch.setattr(kernels, "_MIN_WEIGHT", 0)  # tiny weights count as large here
+    assert set(measure_forward_times(model, ids[:1], [1, 2], repeats=1)) == {1, 2}
+    down = model.model.layers[0].mlp.down_proj
+    assert down._hf_spec_forward is (kernels._bfloat16_forward if native_bf16 else kernels._forward)
+    with torch.no_grad(), verify_linear():
+        assert torch.allclose(model(ids).logits, logits, atol=1e-5)
     with pytest.raises(ValueError, match="float32 model on the CPU"):
         quantize_draft_int8(tiny_llama().to(torch.bfloat16))

@@ -290,19 +290,18 @@ def load_draft_model(name: str, target=None, draft_dtype=None):
     Raises:
         ValueError: ``"int8"`` beside a target that is not on the CPU, before anything loads.
     """
+    from ..device import check_draft_dtype
     from ..kernels import quantize_draft_int8
     from ..models import load
 
     device = getattr(target, "device", None)
     dtype = _draft_dtype(getattr(target, "dtype", None), draft_dtype, device)
-    moves = device is not None and device.type not in ("cpu", "meta")
-    if dtype == "int8" and moves:
-        raise ValueError(f"an int8 draft runs on the CPU only (torch's dynamic int8 kernels), and the target is on "
-                         f"{device}: use draft dtype bfloat16 or auto there")
+    if device is not None:
+        check_draft_dtype(dtype, device)
     model, tokenizer = load(name, dtype=torch.float32 if dtype == "int8" else dtype)
     if dtype == "int8":
         quantize_draft_int8(model)
-    elif moves:
+    elif device is not None and device.type not in ("cpu", "meta"):
         model.to(device)
     return model, tokenizer
 
