@@ -27,7 +27,7 @@ from transformers.generation.logits_process import UnbatchedClassifierFreeGuidan
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree
-from .adaptive import AdaptiveK, TreeSize, make_controller
+from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
@@ -282,7 +282,9 @@ def _speculative_decode(
     session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
     listeners = [stats := SpecStats()] + list(event_listeners or [])
     if controller is not None:
+        # T_1 depends on the target, device and batch size, not on the text: start from the last call's
         controller.reset(k_call, drafter.max_num_speculative_tokens)
+        controller.start_from(remembered_plain_times(model, bsz))
         listeners.append(controller)
     if sizer is not None:
         sizer.reset()
@@ -460,6 +462,8 @@ def _speculative_decode(
         )
     if session is not None:
         session.finish([row[input_ids.shape[1]:] for row in rows])
+    if controller is not None:
+        remember_plain_times(model, bsz, controller.plain_times)
     logger.info("hf_spec: %s", stats.summary())
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats,
                              scores=_per_token(scores_out, generation_config),

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import hf_spec
-from hf_spec.adaptive import AdaptiveK
+from hf_spec import adaptive
+from hf_spec.adaptive import AdaptiveK, remembered_plain_times
 from hf_spec.events import StepEvent
 from hf_spec.tuning import expected_speedup, expected_tokens_per_step
 
@@ -360,9 +361,44 @@ def test_greedy_identical_whatever_k_auto_picks(tiny):
         if j is not None:
             assert top2_gap(target, base[:, :j]) < TIE_BOUND
         s = out.stats
-        assert len(s.k_per_step) == s.num_target_forwards - 1 and s.k_per_step[0] == 0  # T_1 measured first
-        assert s.policy_events and s.policy_events[0]["mode"] == "measure"
+        assert len(s.k_per_step) == s.num_target_forwards - 1 and s.policy_events
         assert d.num_speculative_tokens == 3  # the drafter's own k is back after the call
+
+
+def test_a_later_call_starts_from_the_plain_step_times_of_earlier_ones(tiny):
+    """T_1 belongs to the target, the device and the batch size, not to the text: the first call with a
+    controller makes its first 3 decode steps plain to measure it, the loop keeps the times, and the next call
+    on the same target and batch size speculates from its first decode step (on 12-34-token answers the 3 plain
+    steps cost ~12% of the speedup). Another batch size measures its own."""
+    target, _ = tiny
+    adaptive._PLAIN_TIMES.pop(target, None)  # what earlier tests of this module left: these calls come first
+
+    def run(prompts):
+        return target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=12,
+                               do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                               drafter=hf_spec.NgramDrafter(3), num_speculative_tokens="auto").stats
+
+    assert remembered_plain_times(target, 1) == []
+    first = run(PROMPT)
+    assert first.k_per_step[:3] == [0, 0, 0] and first.policy_events[0]["mode"] == "measure"
+    assert len(remembered_plain_times(target, 1)) >= 3
+    again = run(PROMPT)
+    assert again.k_per_step[0] > 0, again.k_per_step
+    assert "earlier calls" in again.policy_events[0]["reason"], again.policy_events
+    batch = run(torch.cat([PROMPT, PROMPT]))  # two rows: T_1 of another batch size
+    assert batch.k_per_step[:3] == [0, 0, 0] and len(remembered_plain_times(target, 2)) >= 3
+
+
+def test_start_from_keeps_the_latest_window_and_measures_only_what_is_missing():
+    controller = AdaptiveK(window=5)
+    controller.reset(drafter_k=3)
+    controller.start_from([0.02] * 4 + [0.01] * 5)
+    assert controller.plain_times == [0.01] * 5 and controller.t_plain == 0.01
+    assert controller.decide()[0] == 1  # three or more times: no plain step to measure T_1
+    controller.reset(drafter_k=3)
+    assert controller.plain_times == []  # reset forgets them: the loop passes them to each call
+    controller.start_from([0.01])
+    assert _plain_steps(controller, n=2) == 1  # one time known: two plain steps measure the rest, then k = 1
 
 
 def test_auto_in_a_batch_and_with_a_forced_off_policy(tiny):
@@ -389,7 +425,8 @@ def test_auto_keeps_the_sampling_distribution(pair):
 
     target, draft = pair
     procs = processors(1.0)
-    # t1 comes from the prefill, t2 from the plain step that measures T_1, t3 from the first draft (k=2)
+    # t1 comes from the prefill; in the first call t2 from a plain step that measures T_1 and t3 from the first
+    # draft (k=2); later calls start from the remembered T_1, so t2 and t3 come from the first draft
     counts = sample_counts(target, draft, procs, seed=5, num_speculative_tokens=AdaptiveK(k_start=2))
     assert pvalue(counts, exact_distribution(target, procs)) > ALPHA
 
