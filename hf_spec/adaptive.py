@@ -11,12 +11,11 @@
   steps that found no match; and while speculation is on, one step in ``refresh_steps`` (64) without any
   plain step is made plain to measure it again: a start measured on a slow moment would otherwise make
   every step look cheap for as long as speculation stays on, and T_1 grows with the context. T_1 is a
-  property of the target, the device and the batch size, not of the text, so the loop keeps the last
-  ``window`` plain-step times of each call (:func:`remember_plain_times`, per target object and batch size,
-  in this process) and starts the next call's estimate from them (:meth:`AdaptiveK.start_from`): a later
-  call speculates from its first decode step. On short answers the 3 plain steps were a large share
-  (measured 2026-12-01, bfloat16, 12-34-token answers: ``-k auto`` 1.22x median where fixed k = 3 gave
-  1.38x);
+  property of the target, the device, the batch size and the context length, not of the text, so the loop
+  keeps the last ``window`` plain-step times of each call (:func:`remember_plain_times`, per target object,
+  batch size and power-of-two bucket of the prompt length, in this process) and starts the next such call's
+  estimate from them (:meth:`AdaptiveK.start_from`): it speculates from its first decode step, where the 3
+  plain steps were a large share of a short answer (docs/benchmarks.md);
 - the whole cost of a speculative step at each k used so far (drafting plus verifying, everything the loop
   spends between two steps: a draft model catching up on the tokens it has not seen, logits processing,
   n-gram misses), and for the k not used yet a model of it: a verify forward over n positions on a line
@@ -275,7 +274,13 @@ class AdaptiveK:
         return rates or [0.5]
 
     def verify_cost(self, n: int) -> float:
-        """Estimated T_verify(n) / T_1: measured where seen, else the line fitted through what was seen."""
+        """Estimated T_verify(n) / T_1: measured where seen, else from the nearest n seen below (1: a plain
+        step) plus the slope of the line fitted through what was seen (>= 0) per extra position.
+
+        Anchored at a measured point, not at 1: in native bfloat16 on a CPU a 2-position forward can cost
+        less than a plain step (0.9 T_1 measured; transformers' one-query attention path), and a line
+        forced through 1 priced 4 positions above the 2 it had measured, so a drafter at k = 1 never
+        looked able to gain at k = 3."""
         if n == 1:
             return 1.0
         t_plain, t_verify = self.t_plain, self.t_verify
@@ -283,7 +288,8 @@ class AdaptiveK:
             return t_verify[n] / t_plain
         pts = [(m - 1, t / t_plain - 1.0) for m, t in t_verify.items()]
         slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)) if pts else 0.0
-        return 1.0 + slope * (n - 1)
+        below = max((m for m in t_verify if m < n), default=1)
+        return (t_verify[below] / t_plain if below > 1 else 1.0) + slope * (n - below)
 
     def model(self) -> _Model:
         """The current estimates (acceptance, drafting line, share of steps that drafted, a miss's cost), for
@@ -430,8 +436,11 @@ class AdaptiveK:
         over ``off_below``, by ``margin``) is enough:
 
         - while one k alone has been measured: drafting costs per step what it costs now at the k in use,
-          whatever k (verifying as modelled): a draft model with a large per-step cost can lose at one k and
-          win at a larger one. Once two k are measured, drafting's per-token cost is measured too, and the
+          whatever k (verifying as modelled), and the positions not observed yet accept halfway between the
+          last position observed and 0.5 (no less than that position): a draft model with a large per-step cost can lose at one k and win at a larger one, and a
+          drafter that copies from its context is right more often once its first token was (suffix drafts on
+          a retrieval prompt: a_1 = 0.16, then 0.50 and 0.38 measured at k = 3; the judgment's own model,
+          which starts unseen positions from the one before, kept k = 1 for the whole answer). Once two k are measured, drafting's per-token cost is measured too, and the
           fitted line decides (an int8 draft model at 0.2 T_1 per token looked free per step under this model,
           and 4 steps each at k = 6 and k = 8 on prose that accepted 39% cost more than they found);
         - only where no k is predicted to pay by ``margin`` (the judgment is about to switch speculation off or
@@ -448,7 +457,9 @@ class AdaptiveK:
         largest = max(self._step)
         step_draft = self._median(self._draft.get(self.k, [])) or 0.0
         gain = max(speed, self.off_below) * (1 + self.margin)
-        hopeful = self.predicted_speedup(k, model._replace(draft_line=(step_draft, 0.0)))
+        seen = model.acceptance[:largest]
+        unseen = [max(seen[-1], (seen[-1] + 0.5) / 2)] * (k - len(seen))
+        hopeful = self.predicted_speedup(k, model._replace(acceptance=seen + unseen, draft_line=(step_draft, 0.0)))
         if hopeful > gain and len(self._step) < 2:
             return f"predicted {speed:.2f}x (k={k}: up to {hopeful:.2f}x): measure k={k} too"
         bound = expected_tokens_per_step(model.acceptance, k) / max(1e-9, self.step_cost(largest, model))
@@ -635,22 +646,31 @@ def make_controller(num_speculative_tokens) -> AdaptiveK | None:
     return None
 
 
-# the latest plain-step times of each target (weakly held: a model freed is forgotten), by batch size
+# the latest plain-step times of each target (weakly held: a model freed is forgotten), by batch size and
+# prompt length (in powers of two)
 _PLAIN_TIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PLAIN_TIMES_LOCK = threading.Lock()
 
 
-def remembered_plain_times(model, rows: int) -> list[float]:
-    """The plain decode-step times (seconds, oldest first) that the last call with a controller measured on
-    ``model`` with ``rows`` sequences in its batch in this process; ``[]`` before any."""
+def _shape_key(rows: int, prompt_length: int) -> tuple[int, int]:
+    # prompt lengths 2^(j-1) < n <= 2^j share a key: T_1 grows with the context (docs/benchmarks.md: a step
+    # after a 700-token prompt judged with a T_1 measured after 60-token ones looked 1.5 times dearer)
+    return rows, max(0, prompt_length - 1).bit_length()
+
+
+def remembered_plain_times(model, rows: int, prompt_length: int) -> list[float]:
+    """The plain decode-step times (seconds, oldest first) that the last call with a controller measured in
+    this process on ``model`` with ``rows`` sequences in its batch and a prompt of about ``prompt_length``
+    tokens (the same power-of-two bucket: ``2^(j-1) < prompt_length <= 2^j``); ``[]`` before any."""
     with _PLAIN_TIMES_LOCK:
-        return list(_PLAIN_TIMES.get(model, {}).get(rows, []))
+        return list(_PLAIN_TIMES.get(model, {}).get(_shape_key(rows, prompt_length), []))
 
 
-def remember_plain_times(model, rows: int, times: list[float]) -> None:
-    """Keep ``times`` (a controller's plain-step times, :attr:`AdaptiveK.plain_times`) as ``model``'s at
-    ``rows`` rows, for the next call's :meth:`AdaptiveK.start_from`; an empty list changes nothing."""
+def remember_plain_times(model, rows: int, prompt_length: int, times: list[float]) -> None:
+    """Keep ``times`` (a controller's plain-step times, :attr:`AdaptiveK.plain_times`) as ``model``'s for
+    ``rows`` rows and prompts of about ``prompt_length`` tokens, for the next such call's
+    :meth:`AdaptiveK.start_from`; an empty list changes nothing."""
     if not times:
         return
     with _PLAIN_TIMES_LOCK:
-        _PLAIN_TIMES.setdefault(model, {})[rows] = list(times)
+        _PLAIN_TIMES.setdefault(model, {})[_shape_key(rows, prompt_length)] = list(times)

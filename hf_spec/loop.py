@@ -282,9 +282,10 @@ def _speculative_decode(
     session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
     listeners = [stats := SpecStats()] + list(event_listeners or [])
     if controller is not None:
-        # T_1 depends on the target, device and batch size, not on the text: start from the last call's
+        # T_1 depends on the target, device, batch size and context length, not on the text: start from the
+        # last call's with that shape
         controller.reset(k_call, drafter.max_num_speculative_tokens)
-        controller.start_from(remembered_plain_times(model, bsz))
+        controller.start_from(remembered_plain_times(model, bsz, input_ids.shape[1]))
         listeners.append(controller)
     if sizer is not None:
         sizer.reset()
@@ -463,7 +464,7 @@ def _speculative_decode(
     if session is not None:
         session.finish([row[input_ids.shape[1]:] for row in rows])
     if controller is not None:
-        remember_plain_times(model, bsz, controller.plain_times)
+        remember_plain_times(model, bsz, input_ids.shape[1], controller.plain_times)
     logger.info("hf_spec: %s", stats.summary())
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats,
                              scores=_per_token(scores_out, generation_config),
