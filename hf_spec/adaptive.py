@@ -197,10 +197,10 @@ class AdaptiveK:
         return statistics.median(values) if values else None
 
     def start_from(self, plain_times: list[float]) -> None:
-        """Start the T_1 estimate from plain-step times (seconds) measured earlier with the same target and
-        batch size (:func:`remembered_plain_times`; the loop calls it after :meth:`reset`): the latest
-        ``window`` of them are kept, and with ``plain_steps`` of them no decode step is made plain just to
-        measure T_1."""
+        """Start the T_1 estimate from plain-step times (seconds) measured earlier with the same target, batch
+        size and prompt-length bucket (:func:`remembered_plain_times`; the loop calls it after :meth:`reset`):
+        the latest ``window`` of them are kept, and with ``plain_steps`` of them no decode step is made plain
+        just to measure T_1."""
         self._plain = [float(t) for t in plain_times][-self.window:]
 
     @property
@@ -437,12 +437,14 @@ class AdaptiveK:
 
         - while one k alone has been measured: drafting costs per step what it costs now at the k in use,
           whatever k (verifying as modelled), and the positions not observed yet accept halfway between the
-          last position observed and 0.5 (no less than that position): a draft model with a large per-step cost can lose at one k and win at a larger one, and a
-          drafter that copies from its context is right more often once its first token was (suffix drafts on
-          a retrieval prompt: a_1 = 0.16, then 0.50 and 0.38 measured at k = 3; the judgment's own model,
-          which starts unseen positions from the one before, kept k = 1 for the whole answer). Once two k are measured, drafting's per-token cost is measured too, and the
-          fitted line decides (an int8 draft model at 0.2 T_1 per token looked free per step under this model,
-          and 4 steps each at k = 6 and k = 8 on prose that accepted 39% cost more than they found);
+          last position observed and 0.5 (no less than that position). A draft model with a large per-step
+          cost can lose at one k and win at a larger one, and a drafter that copies from its context is right
+          more often once its first token was (suffix drafts on a retrieval prompt: a_1 = 0.16, then 0.50
+          and 0.38 measured at k = 3; the judgment's own model, which starts unseen positions from the one
+          before, kept k = 1 for the whole answer). Once two k are measured, drafting's per-token cost is
+          measured too, and the fitted line decides (an int8 draft model at 0.2 T_1 per token looked free per
+          step under this model, and 4 steps each at k = 6 and k = 8 on prose that accepted 39% cost more than
+          they found);
         - only where no k is predicted to pay by ``margin`` (the judgment is about to switch speculation off or
           keep a k that barely pays): a step at ``k`` costs what a step at the largest k measured costs (an
           upper bound: a larger k never costs less). This is high acceptance at the positions seen: the

@@ -99,12 +99,12 @@ def test_bench_end_to_end(tmp_path):
         assert set(res["methods"][f"hybrid:draft:smollm2-135m@k={k}"]["per_source"]) <= {"suffix", "draft"}
     for name in autos:  # the controller's record: the k it used, how often speculation was off
         assert res["methods"][name]["identical_fraction"] == 1.0
-        # from the runs' own k per step (whether speculation paid on 12 tokens is timing, not this test's claim);
-        # the controller's first decode steps are plain, so some steps are always off
+        # from the runs' own k per step (whether speculation paid on 12 tokens is timing, not this test's claim;
+        # so is whether a step was plain: a call may start from the T_1 of earlier calls)
         ks_run = [k for p in res["prompts"] for k in p["runs"][name]["stats"]["k_per_step"]]
         assert res["methods"][name]["speculation_off_fraction"] == pytest.approx(ks_run.count(0) / len(ks_run))
         assert res["methods"][name]["k_mean"] == pytest.approx(sum(ks_run) / len(ks_run))
-        assert res["methods"][name]["speculation_off_fraction"] > 0
+        assert max(ks_run) > 0
     for name, m in res["methods"].items():
         for key in KEYS:
             assert key in m, (name, key)
