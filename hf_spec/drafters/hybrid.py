@@ -12,7 +12,8 @@ score is high enough, else with the model), the choice here is made by the cost 
   (decayed counts, prior 0.5), separately for short (< 4 tokens) and long matches;
 - the model's: the conditional acceptance measured for its drafts at position j, for the step's k;
 - costs in seconds: the target's forward (the median of the last forwards it reported, plain and verify alike)
-  for both, plus for the model its drafting time (the median of its last drafts) and, while it has a one-off
+  for both, plus for the model its drafting time (k times the median time per drafted token of its last
+  drafts) and, while it has a one-off
   catch-up to do (a draft model's prefill of a long prompt, :meth:`~hf_spec.drafters.base.Drafter.catch_up_cost`,
   priced with the target's measured prefill time per token), that cost spread over the steps the tokens left
   allow. The suffix drafter's own lookup is microseconds and left out.
@@ -153,7 +154,7 @@ class HybridDrafter(Drafter):
         self._suffix_acceptance = {False: _Acceptance(self.decay), True: _Acceptance(self.decay)}
         self._model_acceptance = _Acceptance(self.decay)
         self._forward_s: list[float] = []
-        self._model_s: list[float] = []
+        self._model_s: list[tuple[float, int]] = []  # (seconds, k) of the model's latest drafts
         self._chosen: list[tuple[str, bool]] | None = None  # per row of the last draft: (source, long match)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
@@ -189,7 +190,9 @@ class HybridDrafter(Drafter):
         docstring). ``catch_up_s``: the model's one-off catch-up in seconds, spread over the
         ``remaining_tokens / E[tokens per step]`` steps left."""
         forward = statistics.median(self._forward_s) if self._forward_s else 1.0
-        model_s = statistics.median(self._model_s) if self._model_s else 0.0
+        # priced per drafted token: a draft model's time grows with k, and the controller changes k (a time
+        # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model)
+        model_s = k * statistics.median(t / n for t, n in self._model_s) if self._model_s else 0.0
         model_tokens = self._model_acceptance.expected_tokens(k)
         if catch_up_s and remaining_tokens:
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
@@ -201,7 +204,8 @@ class HybridDrafter(Drafter):
     def draft(self, sequences, k):
         self._suffix.index(sequences)
         proposals = [self._suffix.propose(b, seq, k) for b, seq in enumerate(sequences)]
-        catch_up_s = self._model.catch_up_cost(sequences) * self._prefill_s_per_token
+        catch_up_tokens = self._model.catch_up_cost(sequences)
+        catch_up_s = catch_up_tokens * self._prefill_s_per_token
         max_length = self.generation_config.max_length if self.generation_config is not None else None
         sources = [self.choose_source(len(p.tokens), p.match_length >= LONG_MATCH, k, catch_up_s,
                                       max_length - len(seq) if max_length else None)
@@ -211,7 +215,11 @@ class HybridDrafter(Drafter):
         if "model" in sources:
             t0 = time.perf_counter()
             model_tokens, model_num, model_scores = self._model.draft(sequences, k)
-            self._model_s = (self._model_s + [time.perf_counter() - t0])[-9:]
+            if catch_up_tokens <= k + 1:
+                # a draft that also caught up on a long stretch (the prompt at the first draft) is not what a
+                # draft costs: the catch-up is priced on its own (catch_up_s), and counted here too it kept the
+                # model from being chosen again after its first draft
+                self._model_s = (self._model_s + [(time.perf_counter() - t0, k)])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
