@@ -216,9 +216,9 @@ class HybridDrafter(Drafter):
             t0 = time.perf_counter()
             model_tokens, model_num, model_scores = self._model.draft(sequences, k)
             if catch_up_tokens <= k + 1:
-                # a draft that also caught up on a long stretch (the prompt at the first draft) is not what a
-                # draft costs: the catch-up is priced on its own (catch_up_s), and counted here too it kept the
-                # model from being chosen again after its first draft
+                # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens
+                # is in the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own
+                # (catch_up_s), and counted here too it kept the model from being chosen after its first draft
                 self._model_s = (self._model_s + [(time.perf_counter() - t0, k)])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
