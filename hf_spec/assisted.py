@@ -43,8 +43,10 @@ def enable_drafters(model):
     - ``generate(..., assistant_model=draft_model)`` (a transformers model with the target's tokenizer) runs a
       :class:`~hf_spec.drafters.draft_model.DraftModelDrafter`; ``num_assistant_tokens=N`` sets k (else the
       drafter's default k); ``num_assistant_tokens_schedule="heuristic"`` maps to hf-spec's adaptive k
-      (``"auto"``). transformers' ``assistant_confidence_threshold`` has no counterpart and is ignored (the
-      output is exact either way).
+      (``"auto"``); ``assistant_confidence_threshold=p`` sets the drafter's ``confidence_threshold`` (a row stops
+      drafting after a token the draft gives less than p; unset: the drafter's default). transformers also moves
+      that threshold during a call (with scikit-learn installed); hf-spec keeps it fixed. The output is exact
+      either way.
     - ``generate(..., prompt_lookup_num_tokens=N, max_matching_ngram_size=M)`` runs an
       :class:`~hf_spec.drafters.ngram.NgramDrafter` with k = N and suffixes of M (default 2, as transformers)
       down to 1 tokens.
@@ -109,7 +111,9 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
     elif assistant is not None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
-        drafter = DraftModelDrafter(assistant, setting("num_assistant_tokens"))
+        threshold = setting("assistant_confidence_threshold")
+        drafter = DraftModelDrafter(assistant, setting("num_assistant_tokens"),
+                                    **({} if threshold is None else {"confidence_threshold": float(threshold)}))
         if setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
             kwargs["num_speculative_tokens"] = "auto"
     elif lookup is not None:

@@ -27,6 +27,18 @@ TIE_BOUND = NEAR_TIE_BOUNDS["float32"]
 BF16_TIE_BOUND = NEAR_TIE_BOUNDS["bfloat16"]
 
 
+@pytest.fixture(autouse=True)
+def full_length_drafts(request, monkeypatch):
+    """Draft models draft all k tokens in mechanics tests: a tiny random draft is unsure of every token (its top
+    probability over 32 tokens is ~0.1-0.3), so under the shipped confidence stop
+    (``hf_spec.drafters.draft_model.DEFAULT_CONFIDENCE_THRESHOLD``) it would draft one token a step, and the tests
+    of multi-token drafts (ragged batches, caches, acceptance, adaptive k) would test one-token drafts only. The
+    real-model tests (``test_real_*``) and ``test_draft_confidence`` run the shipped default."""
+    name = request.module.__name__.rpartition(".")[2]
+    if not name.startswith(("test_real_", "test_draft_confidence")):
+        monkeypatch.setattr("hf_spec.drafters.draft_model.DEFAULT_CONFIDENCE_THRESHOLD", 0.0)
+
+
 def layer_skip_copy(model, keep: list[int]):
     """A draft built from the target's own weights with only the ``keep`` layers (a real-weight, weak draft)."""
     draft = copy.deepcopy(model)

@@ -210,6 +210,19 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     check(model.generate(PROMPT, assistant_model=hf_spec.DraftModelDrafter(draft), num_assistant_tokens=5, **kw),
           hf_spec.DraftModelDrafter, 5)
 
+    # transformers' confidence stop: the draft model drafter's confidence_threshold, from the call or the config
+    thresholds = []
+    wrapped = hf_spec.DraftModelDrafter.draft
+    monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft",
+                        lambda self, rows, k: thresholds.append(self.confidence_threshold) or wrapped(self, rows, k))
+    check(model.generate(PROMPT, assistant_model=draft, num_assistant_tokens=4, assistant_confidence_threshold=0.7,
+                         **kw), hf_spec.DraftModelDrafter, 4)
+    assert set(thresholds) == {0.7}
+    thresholds.clear()
+    config = GenerationConfig.from_dict({**target.generation_config.to_dict(), "assistant_confidence_threshold": 0.2})
+    check(model.generate(PROMPT, assistant_model=draft, generation_config=config, **kw), hf_spec.DraftModelDrafter, 3)
+    assert set(thresholds) == {0.2}
+
     # set permanently on the model, as transformers reads it too
     model.generation_config.prompt_lookup_num_tokens = 4
     check(model.generate(PROMPT, **kw), hf_spec.NgramDrafter, 4)

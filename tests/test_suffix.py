@@ -244,7 +244,7 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     target, draft = pair
     d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
                                                                           GenerationConfig(max_length=64))
-    d._forward_s, d._model_s = [0.1], [(0.15, 3)]  # the model drafts 3 tokens in 0.15 s
+    d._forward_s, d._model_s = [0.1], [(0.15, 3, 3)]  # the model drafts 3 tokens in 0.15 s
     for _ in range(20):  # the model's drafts: 2 of 3 accepted; short suffix matches: rejected
         d._model_acceptance.add(3, 2)
         d._suffix_acceptance[False].add(4, 0)
@@ -258,7 +258,13 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     assert d.choose_source(0, long_match=False, k=3, catch_up_s=5.0, remaining_tokens=10_000) == "model"
     # drafting is priced per token: after drafts at k = 8 (0.4 s), a draft at k = 1 costs 0.05 s, and at
     # 1.67 tokens per 0.15 s beats plain decoding's 1 per 0.1 s (charged 0.4 s it lost: 1.67 per 0.5 s)
-    d._model_s = [(0.4, 8)] * 5
+    d._model_s = [(0.4, 8, 8)] * 5
     assert d.choose_source(0, long_match=False, k=1) == "model"
+    # a draft that stops when unsure drafts a share of its k: asked for 8, it drafted 2 (0.1 s); at k = 8 the
+    # model is priced 0.1 s (~3 tokens per 0.2 s beats plain's 1 per 0.1 s), not 8 tokens' 0.4 s (3 per 0.5 s)
+    d._model_s = [(0.1, 8, 2)] * 5
+    assert d.choose_source(0, long_match=False, k=8) == "model"
+    d._model_s = [(0.4, 8, 8)] * 5
+    assert d.choose_source(0, long_match=False, k=8) == "none"
     with pytest.raises(TypeError, match="model-based"):
         hf_spec.HybridDrafter(hf_spec.SuffixDrafter())

@@ -22,7 +22,11 @@ from ..ragged import RaggedCache
 from ..processors import process_scores, reads_sequences
 from .base import Drafter, logit_rows
 
-__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH"]
+__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
+
+#: :class:`DraftModelDrafter`'s ``confidence_threshold`` when none is given: a row stops drafting after a token its
+#: draft gave under this probability (docs/benchmarks.md, "The draft model's confidence stop")
+DEFAULT_CONFIDENCE_THRESHOLD = 0.5
 
 #: the widest a draft tree branches (:meth:`DraftModelDrafter.tree_width`): EAGLE-2 expands 10 nodes per level
 #: on GPUs, where a verify of 60 nodes costs about one step; a CPU's verify grows sooner with its width
@@ -46,9 +50,17 @@ class DraftModelDrafter(Drafter):
             draft's logits are cut or padded (with -inf, so q is 0 there) to the target's rows, which keeps
             speculative sampling exact. Without both tokenizers the row counts must be equal.
         draft_tokenizer: optional, the draft's tokenizer (see ``tokenizer``).
+        confidence_threshold: p in ``[0, 1)``; a row stops drafting after a token the draft gave a probability
+            under p (its softmax, after the call's logits processors when there are any), so k is the most a row
+            drafts: the draft stops where it is likely to be wrong, and drafting ends when every row has stopped.
+            transformers' ``assistant_confidence_threshold`` (ConfidenceCriteria; dynamic speculation lookahead,
+            Mamou et al. 2024). Default :data:`DEFAULT_CONFIDENCE_THRESHOLD`; 0 drafts k tokens every step. Exact either way: stopping depends only on
+            the tokens drafted so far, so greedy output and the sampled distribution are the target's. Chains
+            only (:meth:`draft_tree` grows its trees by cumulative probability already).
 
     Raises:
-        ValueError: ``num_speculative_tokens`` < 1; (from :meth:`prepare`) a draft offloaded with accelerate.
+        ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; (from
+            :meth:`prepare`) a draft offloaded with accelerate.
         VocabularyMismatchError: (from :meth:`prepare`) the vocabularies differ; the message names both.
     """
 
@@ -57,8 +69,15 @@ class DraftModelDrafter(Drafter):
     drafts_trees = True
     spec_argument = "MODEL"
 
-    def __init__(self, draft_model, num_speculative_tokens: int | None = None, tokenizer=None, draft_tokenizer=None):
+    def __init__(self, draft_model, num_speculative_tokens: int | None = None, tokenizer=None, draft_tokenizer=None,
+                 confidence_threshold: float | None = None):
         super().__init__(num_speculative_tokens)
+        if confidence_threshold is None:
+            confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
+        if not 0.0 <= confidence_threshold < 1.0:  # NaN fails too
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}; 0 drafts k "
+                             "tokens every step, 0.4 is transformers' assistant_confidence_threshold default")
+        self.confidence_threshold = float(confidence_threshold)
         self.draft_model = draft_model
         self.config = draft_model.config
         if tokenizer is not None and draft_tokenizer is not None and tokenizer.get_vocab() != draft_tokenizer.get_vocab():
@@ -161,25 +180,36 @@ class DraftModelDrafter(Drafter):
         # greedy without processors: the argmax of the draft's own logits (no float32 copy, no processing)
         raw_argmax = not do_sample and len(self.logits_processor) == 0
         reads = reads_sequences(self.logits_processor)  # only then do the processors need the drafted prefix
+        threshold = self.confidence_threshold
+        bsz = len(seqs)
+        num_drafted = torch.full((bsz,), k, dtype=torch.long, device=self.device)
+        running = torch.ones(bsz, dtype=torch.bool, device=self.device)
         tokens, scores, fed = [], [], seqs
         for i in range(k):
             logits = _pad_or_cut(logits, self._target_vocab)
             if raw_argmax:
                 token = logits.argmax(dim=-1)
+                scored = logits
             else:
-                token, processed = self.choose(seqs, logits.float())
-                scores.append(processed)
+                token, scored = self.choose(seqs, logits.float())
+                scores.append(scored)
             tokens.append(token)
+            if threshold > 0 and i < k - 1:
+                # the draft's probability of the token it drafted; a row stops after a token it doubts
+                confidence = scored.float().softmax(dim=-1).gather(1, token[:, None]).squeeze(1)
+                stops = running & (confidence < threshold)
+                num_drafted[stops] = i + 1
+                running &= ~stops
+                if not bool(running.any()):
+                    break
             if i < k - 1:
                 if reads:
                     seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
                 logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1]
         out = torch.stack(tokens, dim=1)
         # what the cache now holds: each sequence and the drafts fed after it (all but the last)
-        self._cached = [torch.cat([s, t]) for s, t in zip(fed, out[:, :k - 1])]
-        num_drafted = torch.full((len(seqs),), k, dtype=torch.long, device=self.device)
+        self._cached = [torch.cat([s, t]) for s, t in zip(fed, out[:, :out.shape[1] - 1])]
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
-
 
     @torch.no_grad()
     def draft_tree(self, sequences, k, num_nodes):

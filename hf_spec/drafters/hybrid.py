@@ -52,11 +52,14 @@ class _Acceptance:
     def __init__(self, decay: float):
         self.decay, self.reached, self.accepted = decay, [], []
 
-    def add(self, num_drafted: int, num_accepted: int) -> None:
-        n = min(num_accepted + 1, num_drafted)
+    def add(self, num_drafted: int, num_accepted: int, asked: int | None = None) -> None:
+        """One verified draft. ``asked``: the k the draft was asked for, where it may stop short of it (a draft
+        model's confidence stop): the position after a fully accepted draft that stopped counts as a rejection,
+        so ``expected_tokens(k)`` is what a draft asked for k tokens emits."""
+        n = min(num_accepted + 1, num_drafted if asked is None else max(asked, num_drafted))
         self.reached[:] = [r * self.decay for r in self.reached]
         self.accepted[:] = [a * self.decay for a in self.accepted]
-        while len(self.reached) < num_drafted:
+        while len(self.reached) < n:
             self.reached.append(0.0)
             self.accepted.append(0.0)
         for i in range(n):
@@ -154,8 +157,9 @@ class HybridDrafter(Drafter):
         self._suffix_acceptance = {False: _Acceptance(self.decay), True: _Acceptance(self.decay)}
         self._model_acceptance = _Acceptance(self.decay)
         self._forward_s: list[float] = []
-        self._model_s: list[tuple[float, int]] = []  # (seconds, k) of the model's latest drafts
+        self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
         self._chosen: list[tuple[str, bool]] | None = None  # per row of the last draft: (source, long match)
+        self._asked = 0  # the k of the last draft
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -176,7 +180,10 @@ class HybridDrafter(Drafter):
             for (source, long), d, a in zip(self._chosen, verified.num_drafted.tolist(),
                                             verified.num_accepted.tolist()):
                 if d:
-                    (self._suffix_acceptance[long] if source == "suffix" else self._model_acceptance).add(d, a)
+                    if source == "suffix":
+                        self._suffix_acceptance[long].add(d, a)
+                    else:
+                        self._model_acceptance.add(d, a, self._asked)
         self._chosen = None
 
     def finish(self, outputs) -> None:
@@ -191,8 +198,10 @@ class HybridDrafter(Drafter):
         ``remaining_tokens / E[tokens per step]`` steps left."""
         forward = statistics.median(self._forward_s) if self._forward_s else 1.0
         # priced per drafted token: a draft model's time grows with k, and the controller changes k (a time
-        # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model)
-        model_s = k * statistics.median(t / n for t, n in self._model_s) if self._model_s else 0.0
+        # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model); a draft that
+        # stops when unsure (the confidence stop) drafts a share of the k it is asked for
+        model_s = (k * statistics.median(t / n for t, _, n in self._model_s)
+                   * statistics.median(n / asked for _, asked, n in self._model_s)) if self._model_s else 0.0
         model_tokens = self._model_acceptance.expected_tokens(k)
         if catch_up_s and remaining_tokens:
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
@@ -219,7 +228,7 @@ class HybridDrafter(Drafter):
                 # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens
                 # is in the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own
                 # (catch_up_s), and counted here too it kept the model from being chosen after its first draft
-                self._model_s = (self._model_s + [(time.perf_counter() - t0, k)])[-9:]
+                self._model_s = (self._model_s + [(time.perf_counter() - t0, k, model_tokens.shape[1])])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
@@ -244,5 +253,6 @@ class HybridDrafter(Drafter):
                     scores[b, :len(p.tokens)] = float("-inf")
                     scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
         self._chosen = [(s, p.match_length >= LONG_MATCH) for p, s in zip(proposals, sources)]
+        self._asked = k
         self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
         return tokens, num, scores

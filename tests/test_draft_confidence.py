@@ -1,0 +1,115 @@
+"""The draft model's confidence stop (``DraftModelDrafter(confidence_threshold=...)``): a row stops drafting after
+a token the draft gave less than the threshold, per row, against a brute-force reference; the output stays the
+target's (greedy identical in a ragged batch, sampling distribution-exact with stops happening)."""
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import hf_spec
+
+from .conftest import tiny_llama, tiny_pair
+from .test_sampling_exact import V, exact_distribution, processors, pvalue, sample_counts
+
+
+@pytest.fixture(scope="module")
+def peaky_pair():
+    """tiny_pair with sharper logits, so the draft is sure of some tokens and unsure of others."""
+    target, draft = tiny_pair()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(6.0)
+        draft.lm_head.weight.mul_(6.0)
+    return target, draft
+
+
+@torch.no_grad()
+def reference_lengths(draft, rows, k, threshold):
+    """Per row: how many tokens greedy drafting proposes, by running the draft on the whole prefix each time."""
+    lengths = []
+    for row in rows:
+        seq = row.clone()
+        for i in range(k):
+            p = draft(input_ids=seq[None]).logits[0, -1].float().softmax(-1)
+            token = p.argmax()
+            if p[token] < threshold or i == k - 1:
+                lengths.append(i + 1)
+                break
+            seq = torch.cat([seq, token[None]])
+    return lengths
+
+
+def test_each_row_stops_after_the_first_token_its_draft_doubts(peaky_pair):
+    target, draft = peaky_pair
+    torch.manual_seed(5)
+    rows = [torch.randint(2, 32, (n,)) for n in (5, 9, 7, 6)]
+    k = 6
+    # a threshold at the median of the first tokens' confidences: some rows stop early, some do not
+    with torch.no_grad():
+        first = [float(draft(input_ids=r[None]).logits[0, -1].softmax(-1).max()) for r in rows]
+    threshold = sorted(first)[len(first) // 2]
+    expected = reference_lengths(draft, rows, k, threshold)
+    assert len(set(expected)) > 1, expected  # the test's power: rows stop at different lengths
+    padded = torch.nn.utils.rnn.pad_sequence([r.flip(0) for r in rows], batch_first=True, padding_value=1).flip(1)
+    session = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold).start(
+        target, padded, GenerationConfig(do_sample=False))
+    tokens, num_drafted, _ = session.draft(rows, k)
+    assert num_drafted.tolist() == expected
+    assert tokens.shape[1] == max(expected)  # drafting ends when every row has stopped
+    # no threshold: k tokens for every row, and the same tokens where both drafted
+    plain = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=0.0).start(target, padded,
+                                                                              GenerationConfig(do_sample=False))
+    all_tokens, all_drafted, _ = plain.draft(rows, k)
+    assert all_drafted.tolist() == [k] * len(rows)
+    for b, n in enumerate(expected):
+        assert torch.equal(tokens[b, :n], all_tokens[b, :n])
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_a_confidence_stop_keeps_greedy_output_identical_in_a_ragged_batch(peaky_pair, k):
+    target, draft = peaky_pair
+    torch.manual_seed(2)
+    rows = [torch.randint(2, 32, (n,)) for n in (4, 8, 6)]
+    ids = torch.nn.utils.rnn.pad_sequence([r.flip(0) for r in rows], batch_first=True, padding_value=1).flip(1)
+    mask = (torch.arange(ids.shape[1]) >= ids.shape[1] - torch.tensor([len(r) for r in rows])[:, None]).long()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    events = []
+    out = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, num_speculative_tokens=k,
+                          drafter=hf_spec.DraftModelDrafter(draft, 4, confidence_threshold=0.12),
+                          event_listeners=[events.append])
+    assert torch.equal(out.sequences, ref)
+    lengths = [[len(d) for d in e.drafted] for e in events if e.num_speculative_tokens > 1]
+    assert any(len(set(row)) > 1 for row in lengths), lengths  # rows of one step stopped at different lengths
+    assert any(n > 1 for row in lengths for n in row), lengths  # multi-token drafts, not one token a step
+
+
+def test_a_confidence_stop_keeps_sampling_distribution_exact(monkeypatch):
+    """Stopping is a function of the tokens drafted so far (a stopping time), so speculative sampling stays exact;
+    the threshold makes ~half the first drafted tokens stop the draft, so both lengths are verified."""
+    target, draft = tiny_llama(vocab_size=V, seed=10), tiny_llama(vocab_size=V, seed=11)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12.0)
+        draft.lm_head.weight.mul_(12.0)
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs)
+    drafter = hf_spec.DraftModelDrafter(draft, 2, confidence_threshold=0.3)
+    drafted = []
+    original = hf_spec.DraftModelDrafter.draft
+
+    def spy(self, sequences, k):
+        out = original(self, sequences, k)
+        drafted.append(int(out[1][0]))
+        return out
+
+    monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft", spy)
+    counts = sample_counts(target, draft, procs, seed=4, drafter=drafter)
+    share = drafted.count(1) / len(drafted)
+    assert 0.1 < share < 0.9, share  # the test's power: drafts of 1 and of 2 tokens both happen
+    assert pvalue(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, float("nan")])
+def test_a_bad_confidence_threshold_is_refused(bad):
+    _, draft = tiny_pair()
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        hf_spec.DraftModelDrafter(draft, 3, confidence_threshold=bad)
