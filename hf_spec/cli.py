@@ -191,7 +191,8 @@ def _add_bench(sub) -> None:
                                    "prompt; writes results.json, results.md and plots to --out.")
     p.add_argument("--target", required=True, help="target model: offline short name, folder or hub name")
     p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
-                   help="comma-separated: baseline, hf-assisted, hf-prompt-lookup and drafter specs "
+                   help="comma-separated: baseline, hf-assisted, hf-assisted-defaults (transformers' own defaults: "
+                        "up to 20 tokens, confidence threshold 0.4), hf-prompt-lookup and drafter specs "
                         f"({_specs().replace('none | ', '')}); default baseline,ngram,hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
     ks.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",

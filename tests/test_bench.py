@@ -37,6 +37,12 @@ def test_parse_methods():
     auto = parse_methods("draft:smollm2-135m,hf-prompt-lookup", [3, "auto"])
     assert [m.name for m in auto] == ["baseline", "draft:smollm2-135m@k=3", "draft:smollm2-135m@k=auto",
                                       "hf-prompt-lookup@k=3"]  # transformers' peers have no k=auto
+    # transformers' assisted generation at its own defaults: once, whatever the ks, with the draft model's name
+    shipped = parse_methods("draft:smollm2-135m,hf-assisted-defaults", [3, "auto"])[-1]
+    assert (shipped.name, shipped.kind, shipped.k, shipped.spec) == ("hf-assisted-defaults", "hf-assisted-defaults",
+                                                                     20, "smollm2-135m")
+    with pytest.raises(ValueError, match="hf-assisted-defaults needs a draft model"):
+        parse_methods("ngram,hf-assisted-defaults", [3])
     auto_only = parse_methods("ngram,hf-prompt-lookup", ["auto"])  # the peers have no auto: their default k
     assert [(m.name, m.k) for m in auto_only] == [("baseline", None), ("ngram", "auto"), ("hf-prompt-lookup", 3)]
     mixed = parse_methods("suffix,hybrid:draft:smollm2-135m,hybrid:medusa:smollm2-135m", [None])[1:]

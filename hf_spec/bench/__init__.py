@@ -8,6 +8,8 @@ Methods (``--methods``):
   bfloat16 by default), ``ngram`` (prompt lookup, n <= 3), ``medusa:DIR`` (Medusa heads; k <= heads), ...;
 - ``hf-assisted``: transformers' ``assistant_model=`` with the same draft model (a separate copy, same dtype),
   fixed k (``num_assistant_tokens=k``, constant schedule, confidence threshold 0);
+- ``hf-assisted-defaults``: the same at transformers' own defaults, whatever k (up to 20 tokens, the draft
+  stopping after a token it gives under 0.4: :data:`~hf_spec.bench.runner.HF_ASSISTED_DEFAULTS`);
 - ``hf-prompt-lookup``: transformers' ``prompt_lookup_num_tokens=k`` with ``max_matching_ngram_size=3``.
 
 Methods run interleaved prompt by prompt (and repeat by repeat) after a warm-up, so machine drift hits all

@@ -34,8 +34,14 @@ from ..prompts import Question, chat_inputs
 
 __all__ = ["Method", "parse_methods", "run_bench", "PEERS"]
 
-#: transformers' own speculative methods, run beside hf-spec's at the same fixed k
-PEERS = ("hf-assisted", "hf-prompt-lookup")
+#: transformers' own speculative methods, run beside hf-spec's at the same fixed k (``hf-assisted-defaults``: at
+#: transformers' own defaults, whatever k)
+PEERS = ("hf-assisted", "hf-assisted-defaults", "hf-prompt-lookup")
+
+#: what transformers' assisted generation does when a call sets nothing (its generation config's defaults in
+#: transformers 5; without scikit-learn installed the threshold stays where it is)
+HF_ASSISTED_DEFAULTS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                        "assistant_confidence_threshold": 0.4}
 
 
 @dataclass
@@ -91,9 +97,10 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
         if n == "baseline":
             continue
         if n in PEERS:
-            if n == "hf-assisted" and draft_name is None:
-                raise ValueError("hf-assisted needs a draft model: add draft:NAME to --methods or pass --draft NAME")
-            kind, arg = n, (draft_name if n == "hf-assisted" else None)
+            assisted = n.startswith("hf-assisted")
+            if assisted and draft_name is None:
+                raise ValueError(f"{n} needs a draft model: add draft:NAME to --methods or pass --draft NAME")
+            kind, arg = n, (draft_name if assisted else None)
         else:
             if n.partition(":")[0] not in DRAFTERS and n != "none":
                 raise ValueError(f"unknown method {n!r}; use baseline, {', '.join(PEERS)} or a drafter: "
@@ -103,6 +110,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
             if parsed is None:
                 raise ValueError("'none' is plain decoding: the baseline, which every run includes")
             kind, arg = "hf-spec", str(parsed)
+        if kind == "hf-assisted-defaults":  # its own k, whatever the run's
+            out.append(Method(n, kind, HF_ASSISTED_DEFAULTS["num_assistant_tokens"], arg))
+            continue
         shapes = trees if kind == "hf-spec" and parsed.cls.drafts_trees else [0]
         for k in ks:
             if k == "auto" and kind in PEERS:
@@ -181,10 +191,10 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     elif method.kind == "hf-spec":
         kwargs.update(custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafters[method.spec], spec_streamer=timer,
                       num_speculative_tokens=method.k, **({"num_tree_nodes": method.tree} if method.tree else {}))
-    elif method.kind == "hf-assisted":
+    elif method.kind.startswith("hf-assisted"):
         # transformers 5 reads these from the assistant's own generation config, not from generate's kwargs
-        hf_draft.generation_config.update(num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant",
-                                          assistant_confidence_threshold=0.0)
+        hf_draft.generation_config.update(**(HF_ASSISTED_DEFAULTS if method.kind == "hf-assisted-defaults" else dict(
+            num_assistant_tokens=method.k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)))
         kwargs.update(assistant_model=hf_draft, streamer=timer)
     elif method.kind == "hf-prompt-lookup":
         kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
@@ -329,7 +339,7 @@ def run_bench(
             drafters[spec] = make_drafter(spec, target=target, tokenizer=tokenizer, draft_dtype=draft_dtype,
                                           **({"corpus": corpus} if takes else {}))
     hf_draft = None
-    hf_names = {m.spec for m in methods if m.kind == "hf-assisted"}
+    hf_names = {m.spec for m in methods if m.kind.startswith("hf-assisted")}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
         hf_draft, _ = load_draft_model(hf_names.pop(), target, draft_dtype)  # the same kind of draft as hf-spec's
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
