@@ -196,8 +196,9 @@ def _add_bench(sub) -> None:
                         f"({_specs().replace('none | ', '')}); default baseline,ngram,hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
     ks.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",
-                    help="k for every method: an integer >= 1 (default: each method's own: a drafter's, 3 or a "
-                         "Medusa checkpoint's head count; 3 for transformers' peers), or auto (hf-spec's methods "
+                    help="k for every method: an integer >= 1 (default: each method's own: a drafter's, 3, 6 for a "
+                         "draft model (a cap: it stops where unsure), or a Medusa checkpoint's head count; 3 for "
+                         "transformers' peers), or auto (hf-spec's methods "
                          "choose k per step; transformers' peers, which have none, then run at their default 3; --k-sweep 3,auto runs them at 3 only)")
     ks.add_argument("--k", type=_k_arg, dest="k", action=_DeprecatedFlag, replacement="-k/--num-speculative-tokens")
     ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",

@@ -113,3 +113,20 @@ def test_a_bad_confidence_threshold_is_refused(bad):
     _, draft = tiny_pair()
     with pytest.raises(ValueError, match="confidence_threshold"):
         hf_spec.DraftModelDrafter(draft, 3, confidence_threshold=bad)
+
+
+def test_with_the_stop_a_draft_models_k_is_a_cap_of_6():
+    """k is the most a row drafts once the draft stops where unsure: 6 by default (docs/benchmarks.md); without
+    the stop the shared default 3, which a drafting-every-token draft model measured best."""
+    from hf_spec.drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
+    from hf_spec.drafters.draft_model import DEFAULT_CONFIDENCE_THRESHOLD
+
+    _, draft = tiny_pair()
+    assert DEFAULT_CONFIDENCE_THRESHOLD == 0.5
+    assert hf_spec.DraftModelDrafter(draft).num_speculative_tokens == 6
+    assert hf_spec.DraftModelDrafter.spec_num_speculative_tokens("some/model") == 6  # what the bench and CLI use
+    assert hf_spec.DraftModelDrafter(draft, confidence_threshold=0.0).num_speculative_tokens == \
+        DEFAULT_NUM_SPECULATIVE_TOKENS == 3
+    assert hf_spec.DraftModelDrafter(draft, 2).num_speculative_tokens == 2  # a given k is kept
+    assert hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft)).num_speculative_tokens == 6
+    assert hf_spec.NgramDrafter().num_speculative_tokens == 3

@@ -117,7 +117,8 @@ class Drafter:
 
     Args:
         num_speculative_tokens: this drafter's k (>= 1): used when a call gives none, and the k that
-            ``"auto"`` measures after k = 1. Default :data:`DEFAULT_NUM_SPECULATIVE_TOKENS`, or
+            ``"auto"`` measures after k = 1. Default :attr:`default_num_speculative_tokens`
+            (:data:`DEFAULT_NUM_SPECULATIVE_TOKENS` unless the class knows better), or
             :attr:`max_num_speculative_tokens` where that is smaller. A call never changes it: the loop passes
             each step's k to :meth:`draft`.
 
@@ -148,11 +149,13 @@ class Drafter:
     last_sources: list[str] | None = None
     #: True when :meth:`draft_tree` drafts trees (the loop calls it when a call sets ``num_tree_nodes``)
     drafts_trees: bool = False
+    #: this class's k when none is given (within :attr:`max_num_speculative_tokens`)
+    default_num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
 
     def __init__(self, num_speculative_tokens: int | None = None):
         cap = self.max_num_speculative_tokens
         if num_speculative_tokens is None:
-            k = DEFAULT_NUM_SPECULATIVE_TOKENS if cap is None else min(DEFAULT_NUM_SPECULATIVE_TOKENS, cap)
+            k = self.default_num_speculative_tokens if cap is None else min(self.default_num_speculative_tokens, cap)
         else:
             k = check_num_speculative_tokens(num_speculative_tokens)
             if cap is not None and k > cap:
@@ -180,10 +183,11 @@ class Drafter:
     @classmethod
     def spec_num_speculative_tokens(cls, argument: str | None) -> int:
         """The k a drafter built from this spec argument gets when none is given (its own default), known
-        before anything loads: :data:`DEFAULT_NUM_SPECULATIVE_TOKENS` (within a class-level
-        :attr:`max_num_speculative_tokens`); a Medusa checkpoint's head count. The benchmark reads it."""
-        cap = cls.max_num_speculative_tokens
-        return min(DEFAULT_NUM_SPECULATIVE_TOKENS, cap) if isinstance(cap, int) else DEFAULT_NUM_SPECULATIVE_TOKENS
+        before anything loads: :attr:`default_num_speculative_tokens` (:data:`DEFAULT_NUM_SPECULATIVE_TOKENS`; a
+        draft model with its confidence stop: 6) within a class-level :attr:`max_num_speculative_tokens`; a Medusa
+        checkpoint's head count. The benchmark reads it."""
+        cap, k = cls.max_num_speculative_tokens, cls.default_num_speculative_tokens
+        return min(k, cap) if isinstance(cap, int) else k
 
     @classmethod
     def from_spec(cls, argument: str | None, *, num_speculative_tokens: int | None = None, target=None,

@@ -20,7 +20,7 @@ from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
 from ..processors import process_scores, reads_sequences
-from .base import Drafter, logit_rows
+from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
 
@@ -42,8 +42,8 @@ class DraftModelDrafter(Drafter):
 
     Args:
         draft_model: a ``transformers`` causal LM (``PreTrainedModel``) with the target's vocabulary.
-        num_speculative_tokens: k, tokens drafted per step (>= 1; default
-            :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`).
+        num_speculative_tokens: k, the most tokens a row drafts per step (>= 1); default 6 with the confidence
+            stop, :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS` (3) with ``confidence_threshold=0``.
         tokenizer: optional, the target's tokenizer; when it and ``draft_tokenizer`` are both given their
             vocabularies (token -> id maps) must be identical, and then the two models' logits may have
             different numbers of rows (padded vocabularies: Qwen2.5-0.5B has 151,936, Qwen2.5-7B 152,064): the
@@ -54,9 +54,10 @@ class DraftModelDrafter(Drafter):
             under p (its softmax, after the call's logits processors when there are any), so k is the most a row
             drafts: the draft stops where it is likely to be wrong, and drafting ends when every row has stopped.
             transformers' ``assistant_confidence_threshold`` (ConfidenceCriteria; dynamic speculation lookahead,
-            Mamou et al. 2024). Default :data:`DEFAULT_CONFIDENCE_THRESHOLD`; 0 drafts k tokens every step. Exact either way: stopping depends only on
-            the tokens drafted so far, so greedy output and the sampled distribution are the target's. Chains
-            only (:meth:`draft_tree` grows its trees by cumulative probability already).
+            Mamou et al. 2024). Default :data:`DEFAULT_CONFIDENCE_THRESHOLD`; 0 drafts k tokens every step.
+            Exact either way: stopping depends only on the tokens drafted so far, so greedy output and the
+            sampled distribution are the target's. Chains only (:meth:`draft_tree` grows its trees by
+            cumulative probability already).
 
     Raises:
         ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; (from
@@ -65,18 +66,24 @@ class DraftModelDrafter(Drafter):
     """
 
     method = "draft"
+    #: with the confidence stop k is a cap, not a length, and a larger one pays (docs/benchmarks.md, "The draft
+    #: model's confidence stop"); without the stop (``confidence_threshold=0``) the shared default
+    #: :data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`
+    default_num_speculative_tokens = 6
     returns_scores = True
     drafts_trees = True
     spec_argument = "MODEL"
 
     def __init__(self, draft_model, num_speculative_tokens: int | None = None, tokenizer=None, draft_tokenizer=None,
                  confidence_threshold: float | None = None):
-        super().__init__(num_speculative_tokens)
         if confidence_threshold is None:
             confidence_threshold = DEFAULT_CONFIDENCE_THRESHOLD
         if not 0.0 <= confidence_threshold < 1.0:  # NaN fails too
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}; 0 drafts k "
                              "tokens every step, 0.4 is transformers' assistant_confidence_threshold default")
+        if num_speculative_tokens is None and confidence_threshold == 0:
+            num_speculative_tokens = DEFAULT_NUM_SPECULATIVE_TOKENS  # no stop: k tokens every step, the shared default
+        super().__init__(num_speculative_tokens)
         self.confidence_threshold = float(confidence_threshold)
         self.draft_model = draft_model
         self.config = draft_model.config
@@ -89,6 +96,11 @@ class DraftModelDrafter(Drafter):
         self._same_tokenizer = tokenizer is not None and draft_tokenizer is not None
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
+
+    @classmethod
+    def spec_num_speculative_tokens(cls, argument) -> int:
+        """6 with the default confidence stop (:data:`DEFAULT_CONFIDENCE_THRESHOLD` > 0), else the shared default."""
+        return cls.default_num_speculative_tokens if DEFAULT_CONFIDENCE_THRESHOLD > 0 else DEFAULT_NUM_SPECULATIVE_TOKENS
 
     @classmethod
     def check_spec(cls, argument, num_speculative_tokens=None) -> None:
