@@ -81,8 +81,8 @@ class DraftModelDrafter(Drafter):
         if not 0.0 <= confidence_threshold < 1.0:  # NaN fails too
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold!r}; 0 drafts k "
                              "tokens every step, 0.4 is transformers' assistant_confidence_threshold default")
-        if num_speculative_tokens is None and confidence_threshold == 0:
-            num_speculative_tokens = DEFAULT_NUM_SPECULATIVE_TOKENS  # no stop: k tokens every step, the shared default
+        if num_speculative_tokens is None:
+            num_speculative_tokens = self._default_k(confidence_threshold)
         super().__init__(num_speculative_tokens)
         self.confidence_threshold = float(confidence_threshold)
         self.draft_model = draft_model
@@ -98,9 +98,14 @@ class DraftModelDrafter(Drafter):
         self._cached: list[torch.LongTensor] = []
 
     @classmethod
+    def _default_k(cls, confidence_threshold: float) -> int:
+        """k when none is given: :attr:`default_num_speculative_tokens` (6) with a stop, the shared default without."""
+        return cls.default_num_speculative_tokens if confidence_threshold > 0 else DEFAULT_NUM_SPECULATIVE_TOKENS
+
+    @classmethod
     def spec_num_speculative_tokens(cls, argument) -> int:
-        """6 with the default confidence stop (:data:`DEFAULT_CONFIDENCE_THRESHOLD` > 0), else the shared default."""
-        return cls.default_num_speculative_tokens if DEFAULT_CONFIDENCE_THRESHOLD > 0 else DEFAULT_NUM_SPECULATIVE_TOKENS
+        """The k of a ``draft:MODEL`` spec: :meth:`_default_k` of :data:`DEFAULT_CONFIDENCE_THRESHOLD`."""
+        return cls._default_k(DEFAULT_CONFIDENCE_THRESHOLD)
 
     @classmethod
     def check_spec(cls, argument, num_speculative_tokens=None) -> None:
@@ -207,10 +212,12 @@ class DraftModelDrafter(Drafter):
                 scores.append(scored)
             tokens.append(token)
             if threshold > 0 and i < k - 1:
-                # the draft's probability of the token it drafted; a row stops after a token it doubts
-                confidence = scored.float().softmax(dim=-1).gather(1, token[:, None]).squeeze(1)
+                # the draft's probability of the token it drafted (no [B, V] softmax); a row stops after a token
+                # it doubts
+                scored = scored.float()
+                confidence = (scored.gather(1, token[:, None]).squeeze(1) - scored.logsumexp(dim=-1)).exp()
                 stops = running & (confidence < threshold)
-                num_drafted[stops] = i + 1
+                num_drafted = torch.where(stops, i + 1, num_drafted)
                 running &= ~stops
                 if not bool(running.any()):
                     break

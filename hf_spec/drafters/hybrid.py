@@ -158,8 +158,7 @@ class HybridDrafter(Drafter):
         self._model_acceptance = _Acceptance(self.decay)
         self._forward_s: list[float] = []
         self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
-        self._chosen: list[tuple[str, bool]] | None = None  # per row of the last draft: (source, long match)
-        self._asked = 0  # the k of the last draft
+        self._chosen: list[tuple[str, bool, int]] | None = None  # per row of the last draft: (source, long match, k)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -177,13 +176,13 @@ class HybridDrafter(Drafter):
         elif verified.seconds:
             self._forward_s = (self._forward_s + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
-            for (source, long), d, a in zip(self._chosen, verified.num_drafted.tolist(),
+            for (source, long, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
                                             verified.num_accepted.tolist()):
                 if d:
                     if source == "suffix":
                         self._suffix_acceptance[long].add(d, a)
                     else:
-                        self._model_acceptance.add(d, a, self._asked)
+                        self._model_acceptance.add(d, a, asked)
         self._chosen = None
 
     def finish(self, outputs) -> None:
@@ -252,7 +251,6 @@ class HybridDrafter(Drafter):
                 if scores is not None:
                     scores[b, :len(p.tokens)] = float("-inf")
                     scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
-        self._chosen = [(s, p.match_length >= LONG_MATCH) for p, s in zip(proposals, sources)]
-        self._asked = k
+        self._chosen = [(s, p.match_length >= LONG_MATCH, k) for p, s in zip(proposals, sources)]
         self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
         return tokens, num, scores
