@@ -130,3 +130,23 @@ def test_with_the_stop_a_draft_models_k_is_a_cap_of_6():
     assert hf_spec.DraftModelDrafter(draft, 2).num_speculative_tokens == 2  # a given k is kept
     assert hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft)).num_speculative_tokens == 6
     assert hf_spec.NgramDrafter().num_speculative_tokens == 3
+
+
+@pytest.mark.parametrize("threshold, controller, first_k", [
+    (0.12, "auto", 4),  # with the stop, k is a cap: auto starts there
+    (0.0, "auto", 1),  # without it, at k_min (a first judgment at the cheapest k)
+    (0.12, hf_spec.AdaptiveK(k_start=2), 2),  # a k_start given wins
+])
+def test_auto_starts_a_drafter_that_stops_when_unsure_at_its_k(peaky_pair, threshold, controller, first_k):
+    target, draft = peaky_pair
+    drafter = hf_spec.DraftModelDrafter(draft, 4, confidence_threshold=threshold)
+    assert drafter.stops_when_unsure == (threshold > 0)
+    assert hf_spec.HybridDrafter(drafter).stops_when_unsure == drafter.stops_when_unsure
+    ids = torch.randint(2, 32, (1, 7), generator=torch.Generator().manual_seed(3))
+    events = []
+    out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
+                          return_dict_in_generate=True, num_speculative_tokens=controller, drafter=drafter,
+                          event_listeners=[events.append])
+    ks = [e.num_speculative_tokens for e in events if e.num_speculative_tokens > 0]
+    assert ks and ks[0] == first_k, [(e.num_speculative_tokens, e.policy) for e in events]
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=12, do_sample=False))

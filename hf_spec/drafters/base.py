@@ -151,6 +151,9 @@ class Drafter:
     drafts_trees: bool = False
     #: this class's k when none is given (within :attr:`max_num_speculative_tokens`)
     default_num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
+    #: True when the drafter ends a row's draft early where it doubts its next token (a draft model's confidence
+    #: stop), so that k is only a cap: ``"auto"`` then starts at the drafter's k instead of ``k_min``
+    stops_when_unsure: bool = False
 
     def __init__(self, num_speculative_tokens: int | None = None):
         cap = self.max_num_speculative_tokens

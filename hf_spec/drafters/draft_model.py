@@ -97,6 +97,10 @@ class DraftModelDrafter(Drafter):
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
 
+    @property
+    def stops_when_unsure(self) -> bool:  # the confidence stop: k is a cap
+        return self.confidence_threshold > 0
+
     @classmethod
     def _default_k(cls, confidence_threshold: float) -> int:
         """k when none is given: :attr:`default_num_speculative_tokens` (6) with a stop, the shared default without."""

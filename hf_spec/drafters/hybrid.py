@@ -117,6 +117,10 @@ class HybridDrafter(Drafter):
     def max_num_speculative_tokens(self):  # the model drafter's bound (a Medusa checkpoint's heads)
         return self.model_drafter.max_num_speculative_tokens
 
+    @property
+    def stops_when_unsure(self) -> bool:  # suffix proposals end with their evidence; model drafts as the model's
+        return self.model_drafter.stops_when_unsure
+
     # ---- the registry ---------------------------------------------------------------------------
     @classmethod
     def _inner(cls, argument):
