@@ -268,3 +268,31 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     assert d.choose_source(0, long_match=False, k=8) == "none"
     with pytest.raises(TypeError, match="model-based"):
         hf_spec.HybridDrafter(hf_spec.SuffixDrafter())
+
+
+def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
+    """A source written off on a few drafts is measured again: the counts of a kind of draft not verified in a
+    step decay as if observed, so its estimate drifts back to the prior (a coding prompt measured the draft
+    model at 1 of 5 on its first 3 drafts, then never chose it again while suffix drafts were accepted 12%)."""
+    from hf_spec.drafters.base import VerifyOutput
+
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=512))
+    d._forward_s, d._model_s = [0.1], [(0.06, 3, 3)]
+    for a in (0, 1, 0):  # the model's first drafts: 1 of 3 tokens accepted, then nothing
+        d._model_acceptance.add(3, a, 3)
+    for _ in range(4):
+        d._suffix_acceptance[False].add(4, 0)
+    d._suffix_acceptance[False].add(4, 2)
+    assert d.choose_source(4, long_match=False, k=3) == "suffix"
+    steps = []
+    for step in range(1, 60):  # suffix drafts accepted 1 in 8 steps, as long as the suffix is chosen
+        if d.choose_source(4, long_match=False, k=3) != "suffix":
+            break
+        d._chosen = [("suffix", False, 3)]
+        d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([int(step % 8 == 0)]),
+                              seconds=0.1))
+        steps.append(step)
+    assert len(steps) < 59, "the model was never tried again"
+    assert d.choose_source(4, long_match=False, k=3) == "model"
