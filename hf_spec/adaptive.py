@@ -36,9 +36,10 @@ it thrash. For the k in use the step cost is measured, not modelled, so the pred
 last steps actually achieved (with smoothed acceptance): an optimistic model cannot keep speculation on.
 
 A drafter that ends its drafts where it doubts them (a draft model's confidence stop,
-:attr:`~hf_spec.drafters.base.Drafter.stops_when_unsure`) starts at its own k: k is a cap there, and the
-draft's length already follows the text. Measured (issue 21, 6 and 8 prompts): fixed k = 6 with the stop
-beat auto started at k = 1 by 3-8% on the median of prompts.
+:attr:`~hf_spec.drafters.base.Drafter.stops_when_unsure`) speculates at its own k only
+(:meth:`AdaptiveK.keep_drafter_k`): k is a cap there, the draft's length already follows the text, and the
+controller only decides whether speculation pays. Measured (issue 21, 6 and 8 prompts): fixed k = 6 with the
+stop beat auto started at k = 1 by 3-8% on the median of prompts.
 
 A drafter is never judged by its smallest k alone. The first speculative steps use ``k_min`` (a first
 judgment costs least there where the drafter loses, which matters on short answers: n-gram lookup on a
@@ -111,8 +112,8 @@ class AdaptiveK:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
         k_start: the k of the first speculative step (default ``k_min``; the drafter's own k for a drafter that
-            stops when unsure, a draft model with its confidence stop, where k is a cap:
-            :meth:`start_at_drafter_k`). Larger k are measured next (the drafter's own k, then twice the
+            stops when unsure, a draft model with its confidence stop, where k is a cap and stays:
+            :meth:`keep_drafter_k`). Larger k are measured next (the drafter's own k, then twice the
             largest measured, when an optimistic model of them predicts a gain: the module docstring), so the
             cost model rests on measured k: a first judgment at the cheapest k costs least where the drafter
             loses (short answers), and a model fitted through one small k alone can extrapolate the cost of larger
@@ -203,15 +204,17 @@ class AdaptiveK:
     def _median(values: list[float]) -> float | None:
         return statistics.median(values) if values else None
 
-    def start_at_drafter_k(self) -> None:
-        """Make the first speculative step use the drafter's own k (the ``drafter_k`` of :meth:`reset`) unless a
-        ``k_start`` was given. The loop calls it after :meth:`reset` for a drafter that ends a row's draft where
-        it doubts its next token (:attr:`~hf_spec.drafters.base.Drafter.stops_when_unsure`, a draft model's
-        confidence stop): k is a cap there, which the drafter itself shortens where its drafts would be
-        rejected, so the cheap first judgment that ``k_min`` gives other drafters is already in the draft's
-        length."""
-        if self.k_start is None:
-            self.start = self.explore
+    def keep_drafter_k(self) -> None:
+        """Speculate at the drafter's own k only (the ``drafter_k`` of :meth:`reset`, within ``k_max``): the
+        controller then decides only whether speculation pays (on, off, probes, the catch-up check), never
+        another k. The loop calls it after :meth:`reset` for a drafter that ends a row's draft where it doubts
+        its next token (:attr:`~hf_spec.drafters.base.Drafter.stops_when_unsure`, a draft model's confidence
+        stop): k is a cap there that the drafter shortens itself, step by step and row by row. The cost model
+        cannot price a smaller cap: a step at the cap drafts fewer tokens than it asks for, so drafting's cost
+        per asked token, extrapolated to a smaller cap, made that cap look cheap (measured on the 13 x 2 bench:
+        `-k auto` moved from 6 to 2 or 3 after 4 steps on most prompts), where fixed k = 6 with the stop had
+        beaten auto by 3-8% on the median of prompts."""
+        self.start = self.lo = self.hi = self.explore
 
     def start_from(self, plain_times: list[float]) -> None:
         """Start the T_1 estimate from plain-step times (seconds) measured earlier with the same target, batch

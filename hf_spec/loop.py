@@ -285,8 +285,8 @@ def _speculative_decode(
         # T_1 depends on the target, device, batch size and context length, not on the text: start from the
         # last call's with that shape
         controller.reset(k_call, drafter.max_num_speculative_tokens)
-        if session.stops_when_unsure:  # k is a cap the drafter shortens itself: start there
-            controller.start_at_drafter_k()
+        if session.stops_when_unsure:  # k is a cap the drafter shortens itself: the controller says on or off
+            controller.keep_drafter_k()
         controller.start_from(remembered_plain_times(model, bsz, input_ids.shape[1]))
         listeners.append(controller)
     if sizer is not None:

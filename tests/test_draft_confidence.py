@@ -132,21 +132,27 @@ def test_with_the_stop_a_draft_models_k_is_a_cap_of_6():
     assert hf_spec.NgramDrafter().num_speculative_tokens == 3
 
 
-@pytest.mark.parametrize("threshold, controller, first_k", [
-    (0.12, "auto", 4),  # with the stop, k is a cap: auto starts there
-    (0.0, "auto", 1),  # without it, at k_min (a first judgment at the cheapest k)
-    (0.12, hf_spec.AdaptiveK(k_start=2), 2),  # a k_start given wins
+@pytest.mark.parametrize("threshold, controller, ks", [
+    (0.12, "auto", {4}),  # with the stop, k is a cap: auto keeps the drafter's k (on or off only)
+    (0.0, "auto", None),  # without it, auto starts at k_min and measures larger k
+    (0.12, hf_spec.AdaptiveK(k_max=3), {3}),  # within k_max
 ])
-def test_auto_starts_a_drafter_that_stops_when_unsure_at_its_k(peaky_pair, threshold, controller, first_k):
+def test_auto_keeps_the_k_of_a_drafter_that_stops_when_unsure(peaky_pair, threshold, controller, ks):
     target, draft = peaky_pair
     drafter = hf_spec.DraftModelDrafter(draft, 4, confidence_threshold=threshold)
     assert drafter.stops_when_unsure == (threshold > 0)
     assert hf_spec.HybridDrafter(drafter).stops_when_unsure == drafter.stops_when_unsure
     ids = torch.randint(2, 32, (1, 7), generator=torch.Generator().manual_seed(3))
     events = []
-    out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
+    out = target.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
                           return_dict_in_generate=True, num_speculative_tokens=controller, drafter=drafter,
                           event_listeners=[events.append])
-    ks = [e.num_speculative_tokens for e in events if e.num_speculative_tokens > 0]
-    assert ks and ks[0] == first_k, [(e.num_speculative_tokens, e.policy) for e in events]
-    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=12, do_sample=False))
+    used = [e.num_speculative_tokens for e in events if e.num_speculative_tokens > 0]
+    if ks is None:
+        assert used and used[0] == 1, [(e.num_speculative_tokens, e.policy) for e in events]
+    else:
+        # every step runs the kept k, but the last ones, where the tokens left before max_length may cut it
+        (kept,) = ks
+        assert len(used) > 2 and set(used[:-2]) == ks and max(used) == kept, \
+            [(e.num_speculative_tokens, e.policy) for e in events]
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))

@@ -152,7 +152,7 @@ class Drafter:
     #: this class's k when none is given (within :attr:`max_num_speculative_tokens`)
     default_num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     #: True when the drafter ends a row's draft early where it doubts its next token (a draft model's confidence
-    #: stop), so that k is only a cap: ``"auto"`` then starts at the drafter's k instead of ``k_min``
+    #: stop), so that k is only a cap: ``"auto"`` then keeps the drafter's k and only switches speculation on or off
     stops_when_unsure: bool = False
 
     def __init__(self, num_speculative_tokens: int | None = None):
