@@ -111,9 +111,9 @@ class AdaptiveK:
     Args:
         k_min: the smallest k when speculating (``1 <= k_min <= k_max``).
         k_max: the largest k; also capped by the drafter (a Medusa checkpoint's head count).
-        k_start: the k of the first speculative step (default ``k_min``; the drafter's own k for a drafter that
-            stops when unsure, a draft model with its confidence stop, where k is a cap and stays:
-            :meth:`keep_drafter_k`). Larger k are measured next (the drafter's own k, then twice the
+        k_start: the k of the first speculative step (default ``k_min``). For a drafter that stops when unsure
+            (a draft model with its confidence stop) neither applies: k is a cap there and stays the drafter's
+            own (:meth:`keep_drafter_k`). Larger k are measured next (the drafter's own k, then twice the
             largest measured, when an optimistic model of them predicts a gain: the module docstring), so the
             cost model rests on measured k: a first judgment at the cheapest k costs least where the drafter
             loses (short answers), and a model fitted through one small k alone can extrapolate the cost of larger
@@ -524,6 +524,10 @@ class CycleK(AdaptiveK):
         self.calls: list[dict[int, list[tuple[float, float]]]] = []
         super().__init__(k_min=k_min, k_max=k_max)
         self.calls.clear()  # __init__'s own reset is not a call
+
+    def keep_drafter_k(self) -> None:
+        """Nothing: a calibration schedule measures every k, a drafter that stops when unsure included (``hf-spec
+        tune`` with a draft model would otherwise calibrate its cap alone)."""
 
     def reset(self, drafter_k: int | None = None, drafter_k_max: int | None = None) -> None:
         super().reset(drafter_k, drafter_k_max)

@@ -156,3 +156,17 @@ def test_auto_keeps_the_k_of_a_drafter_that_stops_when_unsure(peaky_pair, thresh
         assert len(used) > 2 and set(used[:-2]) == ks and max(used) == kept, \
             [(e.num_speculative_tokens, e.policy) for e in events]
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
+
+
+def test_a_calibration_schedule_still_cycles_every_k_of_a_drafter_that_stops(peaky_pair):
+    """CycleK (what ``hf-spec tune`` calibrates with) is a schedule, not a policy: keeping a stopping drafter's k
+    does not apply to it, or tune would calibrate the cap alone."""
+    target, draft = peaky_pair
+    ids = torch.randint(2, 32, (1, 7), generator=torch.Generator().manual_seed(3))
+    events = []
+    target.generate(ids, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
+                    return_dict_in_generate=True, num_speculative_tokens=hf_spec.adaptive.CycleK(1, 3),
+                    drafter=hf_spec.DraftModelDrafter(draft, 4, confidence_threshold=0.12),
+                    event_listeners=[events.append])
+    # (a last step with no token left to draft before max_length runs k = 0)
+    assert {e.num_speculative_tokens for e in events if e.num_speculative_tokens > 0} == {1, 2, 3}

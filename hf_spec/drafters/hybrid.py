@@ -61,8 +61,7 @@ class _Acceptance:
         model's confidence stop): the position after a fully accepted draft that stopped counts as a rejection,
         so ``expected_tokens(k)`` is what a draft asked for k tokens emits."""
         n = min(num_accepted + 1, num_drafted if asked is None else max(asked, num_drafted))
-        self.reached[:] = [r * self.decay for r in self.reached]
-        self.accepted[:] = [a * self.decay for a in self.accepted]
+        self.fade()
         while len(self.reached) < n:
             self.reached.append(0.0)
             self.accepted.append(0.0)
@@ -72,9 +71,9 @@ class _Acceptance:
             self.accepted[i] += 1
 
     def fade(self) -> None:
-        """One step in which this kind of draft was not verified: its counts decay as if observed, so its
-        estimate drifts back to the prior and the source is tried again (a source written off on a few
-        drafts would otherwise never be measured again)."""
+        """Decay the counts by one observation's weight: before each verified draft (:meth:`add`), and at each step
+        in which this kind of draft was not verified, so that its estimate drifts back to the prior and the
+        source is tried again (a source written off on a few drafts would otherwise never be measured again)."""
         self.reached[:] = [r * self.decay for r in self.reached]
         self.accepted[:] = [a * self.decay for a in self.accepted]
 
@@ -191,16 +190,15 @@ class HybridDrafter(Drafter):
         elif verified.seconds:
             self._forward_s = (self._forward_s + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
-            verified_kinds = set()
+            unverified = [*self._suffix_acceptance.values(), self._model_acceptance]
             for (source, long, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
-                                            verified.num_accepted.tolist()):
+                                                   verified.num_accepted.tolist()):
                 if d:
                     kind = self._suffix_acceptance[long] if source == "suffix" else self._model_acceptance
                     kind.add(d, a, None if source == "suffix" else asked)
-                    verified_kinds.add(id(kind))
-            for kind in (*self._suffix_acceptance.values(), self._model_acceptance):
-                if id(kind) not in verified_kinds:
-                    kind.fade()
+                    unverified = [u for u in unverified if u is not kind]
+            for kind in unverified:
+                kind.fade()
         self._chosen = None
 
     def finish(self, outputs) -> None:
