@@ -77,11 +77,14 @@ K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's o
 JSON_HELP = ("print one JSON object on standard output: the result, or on failure {\"error\", \"error_type\", "
              "\"exit_status\"}")
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
-DRAFT_DTYPE_CHOICES = DTYPE_CHOICES + ["int8"]
+DRAFT_DTYPE_CHOICES = DTYPE_CHOICES + ["int8", "int4"]
 DRAFT_DTYPE_HELP = ("draft model dtype; a draft's rounding cannot change the output, and fewer bytes make each drafted "
-                    "token cheaper. auto = int8 on a CPU with VNNI (avx512_vnni, avx_vnni, amx_int8), else bfloat16 "
+                    "token cheaper. auto = int4 on a CPU with native bfloat16 (avx512_bf16, amx_bf16), else int8 on "
+                    "a CPU with VNNI (avx512_vnni, avx_vnni, amx_int8), else bfloat16 "
                     "(float16 beside a float16 target); int8 = linear layers int8 with dynamic activation quantization "
-                    "(CPU only; the MLP down projections stay bfloat16, float32 without native bfloat16)")
+                    "(CPU only; the MLP down projections stay bfloat16, float32 without native bfloat16); int4 = 4-bit weights "
+                    "in groups of 32 for drafting, bfloat16 activations (CPU only; torch's int4 kernel; measured where "
+                    "the CPU has native bfloat16)")
 
 
 def _add_generate(sub) -> None:

@@ -163,13 +163,19 @@ def draft_dtype(target_dtype, name: str | None = "auto", device=None):
     A draft's rounding cannot change the output (verification decides every token), so fewer bytes per weight
     make each drafted token cheaper at no cost in exactness, only perhaps in acceptance. ``auto``:
 
-    - on a CPU with int8 dot-product instructions (:func:`cpu_has_int8_dot`) beside a float32 or bfloat16
-      target: ``"int8"`` (a one-token forward of Qwen2.5-Coder-0.5B took 59 ms against bfloat16's 110 ms on an
-      AVX512-VNNI EPYC; docs/benchmarks.md);
+    - on a CPU with native bfloat16 (:func:`cpu_has_native_bf16`) beside a float32 or bfloat16 target:
+      ``"int4"`` (a one-token forward of Qwen2.5-Coder-0.5B took 32 ms against int8's 58 ms and bfloat16's 106 ms
+      on an AVX512-BF16 EPYC, and the draft model ran 1.10x faster than with the int8 draft per Spec-Bench prompt;
+      docs/benchmarks.md);
+    - on another CPU with int8 dot-product instructions (:func:`cpu_has_int8_dot`) beside a float32 or bfloat16
+      target: ``"int8"`` (59 ms against bfloat16's 110 ms on an AVX512-VNNI EPYC); int4 was not measured there,
+      and its kernel takes bfloat16 activations, which such CPUs emulate;
     - else float16 beside a float16 target, else bfloat16.
 
     ``"int8"``: the string ``"int8"``, a float32 draft whose linear layers are made int8 on the CPU
-    (:func:`hf_spec.kernels.quantize_draft_int8`). Any other name goes through :func:`resolve_dtype`.
+    (:func:`hf_spec.kernels.quantize_draft_int8`); ``"int4"``: the string ``"int4"``, a bfloat16 draft whose
+    linear layers get 4-bit weights for drafting on the CPU (:func:`hf_spec.kernels.quantize_draft_int4`). Any
+    other name goes through :func:`resolve_dtype`.
 
     Args:
         device: where the target computes (a ``torch.device`` or device map, :func:`main_device`); default: CUDA
@@ -180,25 +186,29 @@ def draft_dtype(target_dtype, name: str | None = "auto", device=None):
     """
     import torch
 
-    if name == "int8":
-        return "int8"
+    if name in ("int8", "int4"):
+        return name
     if name in (None, "auto"):
-        if target_dtype != torch.float16 and main_device(device).type == "cpu" and cpu_has_int8_dot():
-            return "int8"
+        if target_dtype != torch.float16 and main_device(device).type == "cpu":
+            if cpu_has_native_bf16():
+                return "int4"
+            if cpu_has_int8_dot():
+                return "int8"
         return torch.float16 if target_dtype == torch.float16 else torch.bfloat16
     return resolve_dtype(name)
 
 
 def check_draft_dtype(name: str | None, device_map=None) -> None:
     """Refuse, before any model loads, a draft dtype the target's device cannot run: ``"int8"`` (torch's dynamic
-    int8 kernels) is CPU-only.
+    int8 kernels) and ``"int4"`` (torch's CPU int4 kernel) are CPU-only.
 
     Raises:
-        ValueError: ``"int8"`` with a target that goes to a GPU (``device_map``: a device map or a
+        ValueError: ``"int8"`` or ``"int4"`` with a target that goes to a GPU (``device_map``: a device map or a
             ``torch.device``, as :func:`main_device` reads it).
     """
-    if name == "int8" and main_device(device_map).type not in ("cpu", "meta"):
-        raise ValueError(f"--draft-dtype int8 runs on the CPU only (torch's dynamic int8 kernels), and the target goes "
+    if name in ("int8", "int4") and main_device(device_map).type not in ("cpu", "meta"):
+        kernels = "dynamic int8 kernels" if name == "int8" else "CPU int4 kernel"
+        raise ValueError(f"--draft-dtype {name} runs on the CPU only (torch's {kernels}), and the target goes "
                          f"to {main_device(device_map)}: use --draft-dtype auto or bfloat16 there")
 
 

@@ -14,7 +14,7 @@ from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, 
 
 import hf_spec
 import hf_spec.loop
-from hf_spec.kernels import quantize_draft_int8
+from hf_spec.kernels import quantize_draft_int4, quantize_draft_int8
 from hf_spec.ragged import RaggedCache
 
 from .conftest import tiny_llama, tiny_pair
@@ -132,10 +132,12 @@ def test_batched_sampling_test_fails_for_a_wrong_rule(pair, monkeypatch):
 
 def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
     """Tiny-model mechanics: rows of different lengths, one ending early on EOS, several k; the draft model in
-    float32 and made int8 (``draft_dtype="int8"``)."""
+    float32, made int8 (``draft_dtype="int8"``) and in bfloat16 with int4 weights (``draft_dtype="int4"``)."""
     target, draft = tiny_pair()
     int8_draft = copy.deepcopy(draft)
     quantize_draft_int8(int8_draft)
+    int4_draft = copy.deepcopy(draft).to(torch.bfloat16)
+    quantize_draft_int4(int4_draft)
     prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 7], [0, 11, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9], [0, 3, 3]]
     ids, mask = left_pad(prompts)
     # an extra EOS token that row 1 emits early, so that rows end at different steps
@@ -145,7 +147,7 @@ def test_batched_greedy_equals_each_row_alone_and_stats_add_up():
     assert min(len(a) for a in alone) <= 3 and max(len(a) for a in alone) == 20
     for k in (1, 3, 6):
         for drafter in (hf_spec.DraftModelDrafter(draft, k), hf_spec.DraftModelDrafter(int8_draft, k),
-                        hf_spec.NgramDrafter(k)):
+                        hf_spec.DraftModelDrafter(int4_draft, k), hf_spec.NgramDrafter(k)):
             events = []
             out = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
                                   custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter, event_listeners=[events.append])

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from hf_spec import kernels
-from hf_spec.kernels import (install_upcast_prefill, install_verify_linear, is_int8_draft, measured_forms,
-                             quantize_draft_int8, verify_linear)
+from hf_spec.kernels import (install_upcast_prefill, install_verify_linear, is_int4_draft, is_int8_draft,
+                             measured_forms, quantize_draft_int4, quantize_draft_int8, verify_linear)
 
 from .conftest import tiny_llama
 
@@ -169,7 +169,7 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
     spread = reference.abs().max()
     assert (logits - reference).abs().max() < 0.05 * spread  # int8 rounding, not another function
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
-    with pytest.raises(ValueError, match="int8 already"):  # on every CPU (the down projections may stay float32)
+    with pytest.raises(ValueError, match="quantized already"):  # on every CPU (the down projections may stay float32)
         quantize_draft_int8(model)
     # the verify-aware forward installed over it (measure_forward_times does, on any float32 CPU model) leaves the
     # bfloat16 down projections theirs: one- and two-row forwards still run and compute the same
@@ -183,3 +183,66 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
         assert torch.allclose(model(ids).logits, logits, atol=1e-5)
     with pytest.raises(ValueError, match="float32 model on the CPU"):
         quantize_draft_int8(tiny_llama().to(torch.bfloat16))
+
+
+def _int4_reference(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """What a 4-bit weight should hold: each group of ``group`` input channels of a row rounded to 16 levels
+    between its minimum and maximum (computed here independently of kernels._int4_pack); a constant group (the
+    embedding row of the padding token, zeros, in a tied head) holds its value."""
+    rows = weight.float().reshape(weight.shape[0], -1, group)
+    low, high = rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True)
+    step = ((high - low) / 15).clamp(min=1e-12)
+    return (low + ((rows - low) / step).round() * step).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_an_int4_draft_drafts_with_its_rounded_weights_and_prefills_with_bfloat16(group):
+    """quantize_draft_int4: every linear layer whose shape the kernel takes gets 4-bit weights (the tied vocabulary
+    projection untied first, the embeddings unchanged); inputs of up to INT4_MAX_ROWS rows compute with the
+    rounded weights (not the bfloat16 ones), longer inputs with the bfloat16 weights; refusals."""
+    model = tiny_llama(vocab_size=64, hidden=64, layers=2).to(torch.bfloat16)  # intermediate size 64
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    embeddings = model.model.embed_tokens.weight.detach().clone()
+    dense = {name: m.weight.detach().clone() for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+    assert not is_int4_draft(model)
+    assert quantize_draft_int4(model, group) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    assert is_int4_draft(model)
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert torch.equal(model.model.embed_tokens.weight, embeddings)
+    torch.manual_seed(0)
+    for name, module in model.named_modules():
+        if name not in dense:
+            continue
+        rounded = _int4_reference(dense[name], group)
+        assert not torch.equal(rounded, dense[name].float())
+        for rows in (1, kernels.INT4_MAX_ROWS):
+            x = torch.randn(rows, module.in_features, dtype=torch.bfloat16)
+            y = module(x).float()
+            want = x.float() @ rounded.T
+            assert (y - want).abs().max() <= 0.02 * want.abs().max() + 1e-3, name  # bfloat16 scales and sums only
+            assert (y - x.float() @ dense[name].float().T).abs().max() > 1e-3, name  # not the bfloat16 weights
+        strided = torch.randn(module.in_features, 2, dtype=torch.bfloat16)[:, :1].T  # a batch row's slice
+        assert not strided.is_contiguous() and torch.equal(module(strided), module(strided.contiguous()))
+        x = torch.randn(kernels.INT4_MAX_ROWS + 1, module.in_features, dtype=torch.bfloat16)
+        assert torch.equal(module(x), torch.nn.functional.linear(x, dense[name]))
+    with pytest.raises(ValueError, match="quantized already"):
+        quantize_draft_int4(model)
+    with pytest.raises(ValueError, match="quantized already"):
+        quantize_draft_int8(model)
+    with pytest.raises(ValueError, match="bfloat16 model on the CPU"):
+        quantize_draft_int4(tiny_llama())  # float32
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        quantize_draft_int4(tiny_llama().to(torch.bfloat16), 16)
+
+
+def test_an_int4_draft_keeps_bfloat16_where_the_kernel_cannot_take_the_shape():
+    """Layers whose output features are not a multiple of 16 or whose input features are not a multiple of the
+    group size keep their bfloat16 weights (and forward): here the head (vocabulary 40) and, with groups of 64,
+    every layer reading the hidden size 32."""
+    model = tiny_llama(vocab_size=40, hidden=32, layers=1).to(torch.bfloat16)
+    assert quantize_draft_int4(model, 32) == 7  # the head's 40 rows: no
+    assert not hasattr(model.lm_head, "_hf_spec_int4")
+    model = tiny_llama(vocab_size=64, hidden=32, layers=1).to(torch.bfloat16)
+    assert quantize_draft_int4(model, 64) == 1  # only down_proj reads 64 (the intermediate size)
+    assert hasattr(model.model.layers[0].mlp.down_proj, "_hf_spec_int4")

@@ -112,20 +112,23 @@ def test_dtype_policy():
         or torch.cuda.is_available()
     with pytest.raises(ValueError, match="unknown dtype"):
         device.resolve_dtype("int3")
-    # a draft model: fewer bytes beside any target (int8 on a CPU with int8 dot products, else half precision),
-    # float16 beside a float16 one, or what is asked
-    for flags, expected in (((), torch.bfloat16), (("avx2", "avx512_vnni"), "int8"), (("avx_vnni",), "int8")):
+    # a draft model: fewer bytes beside any target (int4 on a CPU with native bfloat16, int8 on one with int8 dot
+    # products, else half precision), float16 beside a float16 one, or what is asked
+    for flags, expected in (((), torch.bfloat16), (("avx2", "avx512_vnni"), "int8"), (("avx_vnni",), "int8"),
+                            (("avx512f", "avx512_bf16", "avx512_vnni"), "int4"), (("amx_bf16", "amx_int8"), "int4")):
         device.cpu_flags.cache_clear()
         with mock.patch.object(device, "cpu_flags", lambda flags=flags: flags):
             assert device.draft_dtype(torch.float32, device="cpu") == expected
             assert device.draft_dtype(torch.bfloat16, "auto", torch.device("cpu")) == expected
             assert device.draft_dtype(torch.float16, device="cpu") is torch.float16
-            assert device.draft_dtype(torch.float32, device="cuda:0") is torch.bfloat16  # int8 kernels: CPU only
+            assert device.draft_dtype(torch.float32, device="cuda:0") is torch.bfloat16  # int8/int4 kernels: CPU only
             assert device.draft_dtype(torch.float32, "float32", "cpu") is torch.float32
             assert device.draft_dtype(torch.float32, "int8", "cpu") == "int8"
-    device.check_draft_dtype("int8", "cpu")
-    with pytest.raises(ValueError, match="int8 runs on the CPU only.*use --draft-dtype auto or bfloat16"):
-        device.check_draft_dtype("int8", "cuda:0")
+            assert device.draft_dtype(torch.bfloat16, "int4", "cpu") == "int4"
+    for name in ("int8", "int4"):
+        device.check_draft_dtype(name, "cpu")
+        with pytest.raises(ValueError, match=f"{name} runs on the CPU only.*use --draft-dtype auto or bfloat16"):
+            device.check_draft_dtype(name, "cuda:0")
     assert set(device.cpu_flags()) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
                                        "amx_int8", "amx_tile"}
     assert {"cpu_flags", "machine", "commit", "torch", "transformers"} <= set(device.machine_info())

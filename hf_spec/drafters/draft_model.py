@@ -338,22 +338,25 @@ def _path(tokens: torch.LongTensor, parents: torch.LongTensor, node: int) -> tor
 def load_draft_model(name: str, target=None, draft_dtype=None):
     """``(model, tokenizer)`` of the draft model ``name`` (an offline short name, a folder or a hub name), loaded
     with :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``) on
-    the target's device; ``"int8"``: loaded in float32 and made int8 (:func:`hf_spec.kernels.quantize_draft_int8`).
+    the target's device; ``"int8"``: loaded in float32 and made int8 (:func:`hf_spec.kernels.quantize_draft_int8`);
+    ``"int4"``: loaded in bfloat16 and given 4-bit weights (:func:`hf_spec.kernels.quantize_draft_int4`).
 
     Raises:
-        ValueError: ``"int8"`` beside a target that is not on the CPU, before anything loads.
+        ValueError: ``"int8"`` or ``"int4"`` beside a target that is not on the CPU, before anything loads.
     """
     from ..device import check_draft_dtype
-    from ..kernels import quantize_draft_int8
+    from ..kernels import quantize_draft_int4, quantize_draft_int8
     from ..models import load
 
     device = getattr(target, "device", None)
     dtype = _draft_dtype(getattr(target, "dtype", None), draft_dtype, device)
     if device is not None:
         check_draft_dtype(dtype, device)
-    model, tokenizer = load(name, dtype=torch.float32 if dtype == "int8" else dtype)
+    model, tokenizer = load(name, dtype={"int8": torch.float32, "int4": torch.bfloat16}.get(dtype, dtype))
     if dtype == "int8":
         quantize_draft_int8(model)
+    elif dtype == "int4":
+        quantize_draft_int4(model)
     elif device is not None and device.type not in ("cpu", "meta"):
         model.to(device)
     return model, tokenizer

@@ -90,8 +90,9 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
             checkpoint's head count). ``"auto"`` is a per-call choice: pass it to ``generate``, not here.
         target: the target model (a draft model is put on its device; Medusa heads are checked against it).
         tokenizer: the target's tokenizer (a draft model's must have the same vocabulary).
-        draft_dtype: ``"auto"`` (int8 on a CPU with VNNI, else bfloat16; float16 beside a float16 target:
-            :func:`hf_spec.device.draft_dtype`), a dtype name or ``"int8"``, for draft models.
+        draft_dtype: ``"auto"`` (int4 on a CPU with native bfloat16, else int8 with VNNI, else bfloat16; float16
+            beside a float16 target:
+            :func:`hf_spec.device.draft_dtype`), a dtype name, ``"int8"`` or ``"int4"``, for draft models.
         corpus: texts (or token-id sequences) to draft from, for drafters that take one (``suffix``,
             ``hybrid:...``: :attr:`~hf_spec.drafters.base.Drafter.takes_corpus`); ``None``: none.
 
