@@ -279,94 +279,109 @@ def is_int8_draft(model: torch.nn.Module) -> bool:
 #: Group sizes torch's CPU int4 kernel takes (``_weight_int4pack_mm_for_cpu``): one scale and offset per group of
 #: this many input channels of an output row.
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-#: Inputs of at most this many rows (drafting: one token per row, a short catch-up) use the int4 weights; more
-#: rows (the prompt prefill) use the bfloat16 ones: torch's int4 CPU kernel took 4.2 ms for 64 rows of a
-#: 896 x 4864 product against 2.2 ms in bfloat16, and 0.14 ms against 0.23 ms for one row (2026-12-02, the
-#: AVX512-BF16 EPYC VM).
-INT4_MAX_ROWS = 8
+#: Inputs of at most this many rows (all rows of the call: batch x positions) use the int4 weights; more rows (the
+#: prompt prefill, a large batch) use the bfloat16 ones. A decode forward of Qwen2.5-Coder-0.5B after a 200-token
+#: prompt, int4 against bfloat16 weights: 1 row 36 / 119 ms, 8 rows 87 / 148 ms, 16 rows 179 / 196 ms, 32 rows
+#: 314 / 267 ms (2026-12-02, the AVX512-BF16 EPYC VM; docs/results/issue21_int4_draft_8x1/measure_shipped.py).
+INT4_MAX_ROWS = 16
 
 
 def _int4_pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Round ``weight [N, K]`` to 4 bits per element with one scale and offset per group of ``group_size``
     input channels (asymmetric: each group's minimum and maximum are the ends of its 16 levels), in the layout of
     torch's CPU int4 kernel: ``(packed uint8 [N, K / 2], scales_and_zeros bfloat16 [K / group_size, N, 2])``,
-    where the kernel computes ``w = (q - 8) * scale + zero``."""
+    where the kernel computes ``w = (q - 8) * scale + zero``. The levels are chosen against the bfloat16-rounded
+    scale and offset the kernel will use, not their float32 values."""
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-    scale = (high - low).clamp(min=1e-12) / 15
-    q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
-    zero = low + 8 * scale
+    scale = ((high - low).clamp(min=1e-12) / 15).to(torch.bfloat16).float().clamp(min=1e-12)
+    zero = (low + 8 * scale).to(torch.bfloat16).float()
+    q = ((groups - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).reshape(n, k)
     scales_and_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1), scales_and_zeros
 
 
 def _int4_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A linear layer of :func:`quantize_draft_int4`: int4 weights for inputs of few rows, bfloat16 for many."""
+    """A linear layer of :func:`quantize_draft_int4`: int4 weights for inputs of few rows, bfloat16 for many (in
+    float32 on a CPU without native bfloat16, as :func:`install_upcast_prefill` does for a bfloat16 draft)."""
     rows = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # the kernel takes contiguous rows only
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.shape[0] > INT4_MAX_ROWS:
-        y = F.linear(x2, module.weight, module.bias)
+        if module._hf_spec_int4_upcast:
+            y = F.linear(x2.float(), module.weight.float(), None if module.bias is None else module.bias.float())
+        else:
+            y = F.linear(x2.to(torch.bfloat16), module.weight, module.bias)
     else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, module._hf_spec_int4, module._hf_spec_int4_group,
-                                                       module._hf_spec_int4_scales)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x2.to(torch.bfloat16).contiguous(),  # the kernel takes contiguous rows only
+            module._hf_spec_int4, module._hf_spec_int4_group, module._hf_spec_int4_scales)
         if module.bias is not None:
             y = y + module.bias
     return y.reshape(*rows, -1).to(x.dtype)
 
 
 def quantize_draft_int4(model: torch.nn.Module, group_size: int = 32) -> int:
-    """Make a bfloat16 *draft* model on the CPU cheaper per drafted token, in place: each ``nn.Linear`` (the
-    vocabulary projection included, untied from the embeddings) gets a 4-bit copy of its weight (weight-only,
-    asymmetric, one bfloat16 scale and offset per ``group_size`` input channels), which inputs of at most
-    :data:`INT4_MAX_ROWS` rows (drafting) multiply with torch's CPU int4 kernel
+    """Make a bfloat16 *draft* model on the CPU cheaper per drafted token, in place: each ``nn.Linear`` with
+    bfloat16 weights (the vocabulary projection included; a tied one stays tied) gets a 4-bit copy of its weight
+    (weight-only, asymmetric, one bfloat16 scale and offset per ``group_size`` input channels), which inputs of at
+    most :data:`INT4_MAX_ROWS` (16) rows in all (batch x positions: drafting) multiply with torch's CPU int4 kernel
     (``torch.ops.aten._weight_int4pack_mm_for_cpu``, the kernel under torchao's int4 weight-only CPU layout), in
-    bfloat16 activations. Longer inputs (the prompt prefill) keep the bfloat16 weight, where that kernel is
-    slower than a bfloat16 GEMM; the model therefore holds both (the int4 copy adds ~28% to its bfloat16 size)
-    but reads only the int4 one per drafted token: a quarter of the bytes.
+    bfloat16 activations. Larger inputs (the prompt prefill, a batch of more rows) use the bfloat16 weight, where
+    that kernel is slower than a bfloat16 GEMM. So the model holds both: the int4 copies (0.625 bytes a weight
+    with their scales) add ~31% to its bfloat16 size, and a drafted token reads ~31% of the bfloat16 bytes.
 
     Measured on Qwen2.5-Coder-0.5B (2026-12-02, 2-core EPYC with AVX512-BF16; docs/benchmarks.md): a one-token
     forward 32 ms against 58 ms for :func:`quantize_draft_int8`'s draft and 106 ms in bfloat16; the top-1
-    token agreed with the bfloat16 draft's at 80% of Spec-Bench prompt positions (int8: 82%). The weights of
-    that checkpoint came from 4-bit k-quants, groups of 32 with a scale and a minimum, which this format can hold.
-    Activations stay bfloat16: the kernel's float32 path was 25-50x slower here.
+    token agreed with the bfloat16 draft's at 80% of Spec-Bench prompt positions (int8: 82%). That offline
+    checkpoint was dequantized from 4-bit k-quants (groups of 32 with a scale and a minimum), a grid this format
+    nearly holds: a checkpoint trained in bfloat16 may lose more agreement to the rounding. Activations stay
+    bfloat16: the kernel's float32 path was 25x slower here.
+
+    The packed weights are plain attributes of the modules, in a layout that depends on the CPU's vector
+    instructions: not in ``state_dict``, not moved by ``.to()``. Quantize after loading, on the machine that
+    drafts; a changed ``weight`` is not seen by the int4 path until the model is loaded and quantized again.
 
     A draft's rounding cannot change the output: the target verifies every drafted token, so a less accurate
     draft only lowers acceptance. Never used on targets.
 
     Args:
-        model: a bfloat16 model on the CPU.
+        model: a model on the CPU whose linear layers are bfloat16 (other parameters may be float32, e.g. the
+            modules a model keeps in float32).
         group_size: input channels per scale: 32, 64, 128 or 256 (:data:`INT4_GROUP_SIZES`).
 
     Returns:
-        The number of linear layers given int4 weights. A layer whose output features are not a multiple of 16
-        or whose input features are not a multiple of ``group_size`` (the kernel's layout) keeps bfloat16.
+        The number of linear layers given int4 weights (at least one). A layer whose output features are not a
+        multiple of 16 or whose input features are not a multiple of ``group_size`` (the kernel's layout), or
+        whose weight is not bfloat16, keeps its weight and forward.
 
     Raises:
-        ValueError: a model that is int4 or int8 already, not bfloat16, or not on the CPU (the kernel is
-            CPU-only; on a GPU use a bfloat16 draft), or a group size the kernel does not take.
+        ValueError: a model that is int4 or int8 already, not on the CPU (the kernel is CPU-only; on a GPU use a
+            bfloat16 draft), without any bfloat16 linear layer the kernel can take (load the draft in bfloat16,
+            or use ``--draft-dtype int8`` / ``bfloat16``), or a group size the kernel does not take.
     """
+    from .device import cpu_has_native_bf16
+
     if group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (torch's CPU int4 kernel), got {group_size!r}")
     if is_int4_draft(model) or is_int8_draft(model):
         raise ValueError("this draft model is quantized already (quantize_draft_int4 or quantize_draft_int8 was "
                          "called on it): use it as it is, or load it again")
-    params = list(model.parameters())
-    if any(p.device.type != "cpu" for p in params) or any(p.dtype != torch.bfloat16 for p in params
-                                                            if p.is_floating_point()):
-        raise ValueError("an int4 draft is made from a bfloat16 model on the CPU (torch's int4 kernel takes "
-                         "bfloat16 activations and runs on the CPU here): load the draft in bfloat16 on the CPU, "
-                         "or use a bfloat16 draft on a GPU")
-    output = model.get_output_embeddings()
-    if output is not None and output.weight is getattr(model.get_input_embeddings(), "weight", None):
-        output.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)  # untie
-    modules = []
-    for module in model.modules():
-        if (type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook")
-                and module.out_features % 16 == 0 and module.in_features % group_size == 0):
-            module._hf_spec_int4, module._hf_spec_int4_scales = _int4_pack(module.weight, group_size)
-            module._hf_spec_int4_group = group_size
-            modules.append(module)
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("an int4 draft runs on the CPU (torch's int4 kernel used here is CPU-only): keep the draft "
+                         "on the CPU, or use a bfloat16 draft on a GPU")
+    modules = [m for m in model.modules()
+               if type(m) is torch.nn.Linear and not hasattr(m, "_hf_hook") and not hasattr(m, "_hf_spec_forward")
+               and m.weight.dtype == torch.bfloat16 and m.out_features % 16 == 0 and m.in_features % group_size == 0]
+    if not modules:
+        raise ValueError(f"no linear layer of this model can take int4 weights: torch's CPU int4 kernel needs "
+                         f"bfloat16 nn.Linear weights with output features a multiple of 16 and input features a "
+                         f"multiple of group_size={group_size}; load the draft in bfloat16, or use --draft-dtype "
+                         f"int8 or bfloat16")
+    upcast = not cpu_has_native_bf16()
+    for module in modules:
+        module._hf_spec_int4, module._hf_spec_int4_scales = _int4_pack(module.weight, group_size)
+        module._hf_spec_int4_group, module._hf_spec_int4_upcast = group_size, upcast
     return _route_modules(modules, _int4_forward)
 
 

@@ -36,6 +36,7 @@ import time
 import torch
 
 import hf_spec
+import hf_spec.kernels
 from hf_spec.device import cpu_flags
 from hf_spec.drafters import draft_model as dm
 from hf_spec.drafters.base import Drafter
@@ -111,7 +112,8 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
     parser.add_argument("--dtype", default="float32", help="the target's dtype")
-    parser.add_argument("--draft-dtype", default="auto", help="auto (hf_spec.device.draft_dtype), bfloat16, float32")
+    parser.add_argument("--draft-dtype", default="auto",
+                        help="auto (hf_spec.device.draft_dtype), bfloat16, float32, int8, int4")
     parser.add_argument("--quantize-draft", action="store_true",
                         help="int8 dynamic quantization of the draft's linear layers (torch.ao quantize_dynamic)")
     parser.add_argument("-k", type=int, default=3)
@@ -124,6 +126,8 @@ def main() -> None:
     draft = dm.DraftModelDrafter.from_spec(args.draft, num_speculative_tokens=args.k, target=target,
                                            tokenizer=tokenizer, draft_dtype=args.draft_dtype)
     if args.quantize_draft:
+        if hf_spec.kernels.is_int8_draft(draft.draft_model) or hf_spec.kernels.is_int4_draft(draft.draft_model):
+            parser.error("--quantize-draft quantizes a float32 or bfloat16 draft: pass --draft-dtype float32 or bfloat16")
         draft.draft_model = torch.ao.quantization.quantize_dynamic(
             draft.draft_model, {torch.nn.Linear}, dtype=torch.qint8)
     text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
@@ -168,7 +172,9 @@ def main() -> None:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = med([cl["loop_draft"] for cl in calls]) / t1
     print(f"machine: {hf_spec.device.machine_info()}, cpu flags {', '.join(cpu_flags())}")
-    print(f"target {args.target} {target.dtype}, draft {args.draft} {draft.draft_model.dtype}"
+    kind = ("int8" if hf_spec.kernels.is_int8_draft(draft.draft_model) else "int4" if hf_spec.kernels.is_int4_draft(
+        draft.draft_model) else str(draft.draft_model.dtype))
+    print(f"target {args.target} {target.dtype}, draft {args.draft} {kind}"
           f"{' int8-dynamic' if args.quantize_draft else ''}, k={args.k}, {args.max_new_tokens} new tokens, "
           f"{args.repeat} calls; outputs identical: {len(sequences) == 1}")
     print(f"T_1 (plain step) {t1 * 1e3:.1f} ms; verify step median {med([cl['verify'] for cl in calls]) * 1e3:.1f} ms")

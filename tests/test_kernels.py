@@ -186,30 +186,39 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
 
 
 def _int4_reference(weight: torch.Tensor, group: int) -> torch.Tensor:
-    """What a 4-bit weight should hold: each group of ``group`` input channels of a row rounded to 16 levels
-    between its minimum and maximum (computed here independently of kernels._int4_pack); a constant group (the
-    embedding row of the padding token, zeros, in a tied head) holds its value."""
+    """What a 4-bit weight should hold, computed here independently of kernels._int4_pack: each group of ``group``
+    input channels of a row on 16 levels from its minimum, the step (max - min) / 15 and the offset held in
+    bfloat16 as the kernel holds them; a constant group (the embedding row of the padding token, zeros, in a
+    tied head) holds its value."""
     rows = weight.float().reshape(weight.shape[0], -1, group)
     low, high = rows.amin(-1, keepdim=True), rows.amax(-1, keepdim=True)
-    step = ((high - low) / 15).clamp(min=1e-12)
-    return (low + ((rows - low) / step).round() * step).reshape(weight.shape)
+    step = ((high - low) / 15).bfloat16().float().clamp(min=1e-12)
+    middle = (low + 8 * step).bfloat16().float()  # the value of level 8
+    levels = ((rows - middle) / step + 8).round().clamp(0, 15)
+    return ((levels - 8) * step + middle).reshape(weight.shape)
 
 
-@pytest.mark.parametrize("group", [32, 64])
-def test_an_int4_draft_drafts_with_its_rounded_weights_and_prefills_with_bfloat16(group):
-    """quantize_draft_int4: every linear layer whose shape the kernel takes gets 4-bit weights (the tied vocabulary
-    projection untied first, the embeddings unchanged); inputs of up to INT4_MAX_ROWS rows compute with the
-    rounded weights (not the bfloat16 ones), longer inputs with the bfloat16 weights; refusals."""
+@pytest.mark.parametrize("group, native_bf16", [(32, True), (64, False)])
+def test_an_int4_draft_drafts_with_its_rounded_weights_and_prefills_with_bfloat16(monkeypatch, group, native_bf16):
+    """quantize_draft_int4: every bfloat16 linear layer whose shape the kernel takes gets 4-bit weights (a tied
+    vocabulary projection stays tied; a float32 parameter elsewhere, as models keep some, is left alone); inputs of
+    up to INT4_MAX_ROWS rows compute with the rounded weights (not the bfloat16 ones), longer inputs with the
+    bfloat16 weights (upcast to float32 on a CPU without native bfloat16); a deep copy drafts the same; refusals."""
+    import copy
+
+    from hf_spec import device
+
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native_bf16)
     model = tiny_llama(vocab_size=64, hidden=64, layers=2).to(torch.bfloat16)  # intermediate size 64
     model.config.tie_word_embeddings = True
     model.lm_head.weight = model.model.embed_tokens.weight
-    embeddings = model.model.embed_tokens.weight.detach().clone()
+    model.model.norm.float()  # a module kept in float32
     dense = {name: m.weight.detach().clone() for name, m in model.named_modules() if type(m) is torch.nn.Linear}
     assert not is_int4_draft(model)
     assert quantize_draft_int4(model, group) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
     assert is_int4_draft(model)
-    assert model.lm_head.weight is not model.model.embed_tokens.weight
-    assert torch.equal(model.model.embed_tokens.weight, embeddings)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    twin = copy.deepcopy(model)
     torch.manual_seed(0)
     for name, module in model.named_modules():
         if name not in dense:
@@ -222,15 +231,18 @@ def test_an_int4_draft_drafts_with_its_rounded_weights_and_prefills_with_bfloat1
             want = x.float() @ rounded.T
             assert (y - want).abs().max() <= 0.02 * want.abs().max() + 1e-3, name  # bfloat16 scales and sums only
             assert (y - x.float() @ dense[name].float().T).abs().max() > 1e-3, name  # not the bfloat16 weights
+            assert torch.equal(twin.get_submodule(name)(x), module(x))
         strided = torch.randn(module.in_features, 2, dtype=torch.bfloat16)[:, :1].T  # a batch row's slice
         assert not strided.is_contiguous() and torch.equal(module(strided), module(strided.contiguous()))
         x = torch.randn(kernels.INT4_MAX_ROWS + 1, module.in_features, dtype=torch.bfloat16)
-        assert torch.equal(module(x), torch.nn.functional.linear(x, dense[name]))
+        prefill = (torch.nn.functional.linear(x, dense[name]) if native_bf16 else
+                   torch.nn.functional.linear(x.float(), dense[name].float()).to(torch.bfloat16))
+        assert torch.equal(module(x), prefill)
     with pytest.raises(ValueError, match="quantized already"):
         quantize_draft_int4(model)
     with pytest.raises(ValueError, match="quantized already"):
         quantize_draft_int8(model)
-    with pytest.raises(ValueError, match="bfloat16 model on the CPU"):
+    with pytest.raises(ValueError, match="no linear layer of this model can take int4 weights.*bfloat16"):
         quantize_draft_int4(tiny_llama())  # float32
     with pytest.raises(ValueError, match="group_size must be one of"):
         quantize_draft_int4(tiny_llama().to(torch.bfloat16), 16)
@@ -246,3 +258,20 @@ def test_an_int4_draft_keeps_bfloat16_where_the_kernel_cannot_take_the_shape():
     model = tiny_llama(vocab_size=64, hidden=32, layers=1).to(torch.bfloat16)
     assert quantize_draft_int4(model, 64) == 1  # only down_proj reads 64 (the intermediate size)
     assert hasattr(model.model.layers[0].mlp.down_proj, "_hf_spec_int4")
+    with pytest.raises(ValueError, match="no linear layer of this model can take int4 weights"):
+        quantize_draft_int4(tiny_llama(vocab_size=40, hidden=32, layers=1).to(torch.bfloat16), 128)
+
+
+def test_auto_keeps_a_bfloat16_draft_that_no_int4_layer_fits(monkeypatch, caplog):
+    """load_draft_model: where --draft-dtype auto chose int4 and the kernel can take no layer of the draft, the draft
+    stays bfloat16 with a warning; asked for int4 explicitly, the error stands."""
+    from hf_spec import models
+    from hf_spec.drafters import draft_model
+
+    monkeypatch.setattr(models, "load", lambda name, dtype=None: (tiny_llama(vocab_size=40, hidden=40, layers=1).to(dtype), None))
+    monkeypatch.setattr(draft_model, "_draft_dtype", lambda target_dtype, name, device: "int4")
+    with caplog.at_level("WARNING", logger="hf_spec"):
+        model, _ = draft_model.load_draft_model("tiny", None, "auto")
+    assert model.dtype == torch.bfloat16 and not is_int4_draft(model) and "stays bfloat16" in caplog.text
+    with pytest.raises(ValueError, match="no linear layer"):
+        draft_model.load_draft_model("tiny", None, "int4")

@@ -14,6 +14,8 @@ next (the tokens the row gained, as after a chain).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..kernels import install_upcast_prefill
@@ -21,6 +23,8 @@ from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
 from ..processors import process_scores, reads_sequences
 from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
+
+logger = logging.getLogger("hf_spec")
 
 __all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
 
@@ -339,7 +343,8 @@ def load_draft_model(name: str, target=None, draft_dtype=None):
     """``(model, tokenizer)`` of the draft model ``name`` (an offline short name, a folder or a hub name), loaded
     with :func:`hf_spec.load` in :func:`hf_spec.device.draft_dtype` of the target's dtype (or ``draft_dtype``) on
     the target's device; ``"int8"``: loaded in float32 and made int8 (:func:`hf_spec.kernels.quantize_draft_int8`);
-    ``"int4"``: loaded in bfloat16 and given 4-bit weights (:func:`hf_spec.kernels.quantize_draft_int4`).
+    ``"int4"``: loaded in bfloat16 and given 4-bit weights (:func:`hf_spec.kernels.quantize_draft_int4`); where
+    ``"auto"`` chose int4 and no layer can take it, the draft stays bfloat16 (a warning says why).
 
     Raises:
         ValueError: ``"int8"`` or ``"int4"`` beside a target that is not on the CPU, before anything loads.
@@ -356,7 +361,12 @@ def load_draft_model(name: str, target=None, draft_dtype=None):
     if dtype == "int8":
         quantize_draft_int8(model)
     elif dtype == "int4":
-        quantize_draft_int4(model)
+        try:
+            quantize_draft_int4(model)
+        except ValueError as e:
+            if draft_dtype not in (None, "auto"):
+                raise
+            logger.warning("hf_spec: the draft stays bfloat16 (--draft-dtype auto chose int4, but %s)", e)
     elif device is not None and device.type not in ("cpu", "meta"):
         model.to(device)
     return model, tokenizer
