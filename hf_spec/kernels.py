@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "quantize_draft_int8", "is_int8_draft",
-           "quantize_draft_int4", "is_int4_draft",
+           "quantize_draft_int4", "is_int4_draft", "draft_kind",
            "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
@@ -295,7 +295,7 @@ def _int4_pack(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     n, k = weight.shape
     groups = weight.detach().float().reshape(n, k // group_size, group_size)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-    scale = ((high - low).clamp(min=1e-12) / 15).to(torch.bfloat16).float().clamp(min=1e-12)
+    scale = ((high - low) / 15).to(torch.bfloat16).float().clamp(min=1e-12)
     zero = (low + 8 * scale).to(torch.bfloat16).float()
     q = ((groups - zero) / scale + 8).round().clamp(0, 15).to(torch.int32).reshape(n, k)
     scales_and_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
@@ -336,7 +336,7 @@ def quantize_draft_int4(model: torch.nn.Module, group_size: int = 32) -> int:
     token agreed with the bfloat16 draft's at 80% of Spec-Bench prompt positions (int8: 82%). That offline
     checkpoint was dequantized from 4-bit k-quants (groups of 32 with a scale and a minimum), a grid this format
     nearly holds: a checkpoint trained in bfloat16 may lose more agreement to the rounding. Activations stay
-    bfloat16: the kernel's float32 path was 25x slower here.
+    bfloat16: the kernel's float32 path was ~29x slower here.
 
     The packed weights are plain attributes of the modules, in a layout that depends on the CPU's vector
     instructions: not in ``state_dict``, not moved by ``.to()``. Quantize after loading, on the machine that
@@ -388,3 +388,13 @@ def quantize_draft_int4(model: torch.nn.Module, group_size: int = 32) -> int:
 def is_int4_draft(model: torch.nn.Module) -> bool:
     """Whether :func:`quantize_draft_int4` gave ``model``'s linear layers int4 weights."""
     return any(hasattr(m, "_hf_spec_int4") for m in model.modules())
+
+
+def draft_kind(model: torch.nn.Module) -> str:
+    """The draft dtype a model was made with, as ``--draft-dtype`` names it: ``"int8"``, ``"int4"``, or its
+    parameters' dtype (``"bfloat16"``, ``"float32"``, ...), for reports."""
+    if is_int8_draft(model):
+        return "int8"
+    if is_int4_draft(model):
+        return "int4"
+    return str(next(model.parameters()).dtype).replace("torch.", "")

@@ -126,7 +126,7 @@ def main() -> None:
     draft = dm.DraftModelDrafter.from_spec(args.draft, num_speculative_tokens=args.k, target=target,
                                            tokenizer=tokenizer, draft_dtype=args.draft_dtype)
     if args.quantize_draft:
-        if hf_spec.kernels.is_int8_draft(draft.draft_model) or hf_spec.kernels.is_int4_draft(draft.draft_model):
+        if hf_spec.kernels.draft_kind(draft.draft_model) in ("int8", "int4"):
             parser.error("--quantize-draft quantizes a float32 or bfloat16 draft: pass --draft-dtype float32 or bfloat16")
         draft.draft_model = torch.ao.quantization.quantize_dynamic(
             draft.draft_model, {torch.nn.Linear}, dtype=torch.qint8)
@@ -172,9 +172,7 @@ def main() -> None:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = med([cl["loop_draft"] for cl in calls]) / t1
     print(f"machine: {hf_spec.device.machine_info()}, cpu flags {', '.join(cpu_flags())}")
-    kind = ("int8" if hf_spec.kernels.is_int8_draft(draft.draft_model) else "int4" if hf_spec.kernels.is_int4_draft(
-        draft.draft_model) else str(draft.draft_model.dtype))
-    print(f"target {args.target} {target.dtype}, draft {args.draft} {kind}"
+    print(f"target {args.target} {target.dtype}, draft {args.draft} {hf_spec.kernels.draft_kind(draft.draft_model)}"
           f"{' int8-dynamic' if args.quantize_draft else ''}, k={args.k}, {args.max_new_tokens} new tokens, "
           f"{args.repeat} calls; outputs identical: {len(sequences) == 1}")
     print(f"T_1 (plain step) {t1 * 1e3:.1f} ms; verify step median {med([cl['verify'] for cl in calls]) * 1e3:.1f} ms")

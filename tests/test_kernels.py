@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_spec import kernels
-from hf_spec.kernels import (install_upcast_prefill, install_verify_linear, is_int4_draft, is_int8_draft,
+from hf_spec.kernels import (draft_kind, install_upcast_prefill, install_verify_linear, is_int4_draft, is_int8_draft,
                              measured_forms, quantize_draft_int4, quantize_draft_int8, verify_linear)
 
 from .conftest import tiny_llama
@@ -156,7 +156,7 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
         reference = model(ids).logits
     assert not is_int8_draft(model)
     assert quantize_draft_int8(model) == 2 * 6 + 1  # q, k, v, o, gate, up per layer, and the head
-    assert is_int8_draft(model)
+    assert is_int8_draft(model) and draft_kind(model) == "int8"
     for layer in model.model.layers:
         assert all(isinstance(getattr(layer.self_attn, n), DynamicLinear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         assert isinstance(layer.mlp.gate_proj, DynamicLinear) and isinstance(layer.mlp.up_proj, DynamicLinear)
@@ -214,9 +214,9 @@ def test_an_int4_draft_drafts_with_its_rounded_weights_and_prefills_with_bfloat1
     model.lm_head.weight = model.model.embed_tokens.weight
     model.model.norm.float()  # a module kept in float32
     dense = {name: m.weight.detach().clone() for name, m in model.named_modules() if type(m) is torch.nn.Linear}
-    assert not is_int4_draft(model)
+    assert not is_int4_draft(model) and draft_kind(model) == "bfloat16"
     assert quantize_draft_int4(model, group) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
-    assert is_int4_draft(model)
+    assert is_int4_draft(model) and draft_kind(model) == "int4"
     assert model.lm_head.weight is model.model.embed_tokens.weight
     twin = copy.deepcopy(model)
     torch.manual_seed(0)

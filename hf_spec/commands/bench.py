@@ -57,7 +57,7 @@ def run_bench_command(args) -> int:
     machine = machine_info()
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, repeats=args.repeats, draft_dtype=draft_dtype, seed=args.seed,
+                    temperature=args.temperature, repeats=args.repeats, draft_dtype=args.draft_dtype, seed=args.seed,
                     journal=journal, corpus=corpus, sampling=sampling)
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
@@ -88,8 +88,7 @@ def run_tune(args) -> int:
     """
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize
-    from ..device import draft_dtype as _draft_dtype
-    from ..device import check_draft_dtype, main_device, resolve_device_map, resolve_dtype
+    from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..metrics import SpecStats
     from ..models import load
@@ -107,9 +106,8 @@ def run_tune(args) -> int:
     device_map = resolve_device_map(args.device_map)
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
-    draft_dtype = _draft_dtype(dtype, args.draft_dtype, main_device(device_map))
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
-    drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=draft_dtype)  # built once, both runs
+    drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=args.draft_dtype)  # built once, both runs
     spec = str(spec)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
     k_max = args.k_max
@@ -123,7 +121,7 @@ def run_tune(args) -> int:
     log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {len(questions)} prompt(s) ...")
     cycle = CycleK(1, k_max)
     methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{k_max}", "hf-spec", cycle, spec)]
-    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
                     progress=not args.json, drafters={spec: drafter})
     t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
     stats = SpecStats()
@@ -141,7 +139,7 @@ def run_tune(args) -> int:
         ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
         log(f"measuring the speedup at k = {ks} ...")
         methods = [Method("baseline", "baseline")] + [Method(f"{spec}@k={k}", "hf-spec", k, spec) for k in ks]
-        raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=draft_dtype,
+        raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
                         progress=not args.json, drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
         for m in methods[1:]:

@@ -24,7 +24,7 @@ def run(args) -> int:
     from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import make_drafter, parse_drafter
     from ..models import load
-    from ..kernels import is_int4_draft, is_int8_draft
+    from ..kernels import draft_kind
 
     _check_args(args)
     device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
@@ -52,9 +52,7 @@ def run(args) -> int:
               "num_tree_nodes": args.tree,
               "dtype": str(dtype).replace("torch.", ""), "device_map": device_map, "device": str(model.device),
               "quantization": args.quantization,
-              "draft_dtype": ("int8" if is_int8_draft(draft_model) else "int4" if is_int4_draft(draft_model)
-                              else str(draft_model.dtype).replace("torch.", ""))
-              if draft_model is not None else None,
+              "draft_dtype": draft_kind(draft_model) if draft_model is not None else None,
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
     if args.json:
         result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows, **totals}
