@@ -26,6 +26,11 @@ evict it).
 everywhere else (plain decoding, prefill, other devices, quantized or hooked linear layers) the module runs
 its own ``forward``. Either form is the same product with another summation order: float32 rounding
 differences (~1e-6 relative), which the greedy exactness tests bound as near-ties.
+
+The same per-machine measurement chooses how a one-position forward attends (:func:`one_query_mask_pays`):
+transformers' ``sdpa`` attention runs a single grouped-query query without an attention mask through a CPU kernel
+that took 3-8x as long in bfloat16 as the packed form it uses with a mask; :class:`~hf_spec.ragged.RaggedCache`
+then passes a 4D mask for one-position blocks (a target's plain step, a draft model's drafting step).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ import torch.nn.functional as F
 
 __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "quantize_draft_int8", "is_int8_draft",
            "quantize_draft_int4", "is_int4_draft", "draft_kind",
-           "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS"]
+           "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS",
+           "measure_one_query_attention", "one_query_mask_pays", "measured_attention"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -126,6 +132,91 @@ def mm_is_faster(weight: torch.Tensor, rows: int) -> bool:
             if times is None:
                 times = _MEASURED[key] = measure_forms(weight, key[2])
     return times[1] < (1 - MARGIN) * times[0]
+
+
+#: context length (cached positions) of the one-query attention measurement
+ATTENTION_CONTEXT = 512
+#: the packed form (a 4D mask) is used only where its fastest run is under this fraction of enable_gqa's: the
+#: mask has costs of its own in a forward (building it, converting it per layer) that the kernel times miss
+ATTENTION_RATIO = 0.5
+#: (key/value heads, query heads per key/value head, head size, dtype) -> (enable_gqa seconds, packed seconds)
+_ATTENTION_MEASURED: dict[tuple, tuple[float, float]] = {}
+
+
+def time_attention(name: str, fn: Callable[[], torch.Tensor]) -> float:
+    """Seconds one call of ``fn`` takes (``name``: ``"enable_gqa"`` or ``"packed"``, the form it computes).
+    Tests replace this module attribute with a synthetic timer."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@torch.no_grad()
+def measure_one_query_attention(kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
+                                context: int = ATTENTION_CONTEXT, repeats: int = 6 * REPEATS) -> tuple[float, float]:
+    """Seconds of the fastest run of each form of one query's grouped-query attention on the CPU, over
+    ``context`` cached positions with random inputs: ``F.scaled_dot_product_attention(q [1, H, 1, d], k, v,
+    enable_gqa=True)`` with ``k, v [1, H_kv, context, d]`` (what transformers' ``sdpa`` attention runs for one
+    query when there is no attention mask) and the query heads packed into the query length,
+    ``q [1, H_kv, groups, d]``, with a boolean mask (what it runs when there is one: its ``pack_gqa``). One warm-up
+    and ``repeats`` runs of each, alternating, each timed by :func:`time_attention`."""
+    q = torch.randn(1, kv_heads * groups, 1, head_dim, dtype=dtype)
+    k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype)
+    v = torch.randn_like(k)
+    mask = torch.ones(1, 1, 1, context, dtype=torch.bool)
+    packed = q.reshape(1, kv_heads, groups, head_dim)
+    forms = {"enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+             "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=mask)}
+    runs: dict[str, list[float]] = {name: [] for name in forms}
+    for i in range(repeats + 1):
+        for name, fn in forms.items():
+            t = time_attention(name, fn)
+            if i:
+                runs[name].append(t)
+    return min(runs["enable_gqa"]), min(runs["packed"])
+
+
+def measured_attention() -> dict[tuple, tuple[float, float]]:
+    """What this process measured so far: ``(kv heads, groups, head size, dtype)`` -> ``(enable_gqa seconds,
+    packed seconds)`` (fastest runs; :func:`one_query_mask_pays`)."""
+    return dict(_ATTENTION_MEASURED)
+
+
+def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
+    """Whether a one-query forward of a model with this config should get an explicit 4D attention mask.
+
+    transformers' ``sdpa`` attention, for one query with grouped-query heads, calls PyTorch with
+    ``enable_gqa=True`` when there is no attention mask (plain decoding of a sequence without padding: the 2D
+    mask of ones is dropped) and packs the query heads into the query length when there is one. On CPUs the two
+    differ: in bfloat16 on an AVX512-BF16 EPYC the first took 3-8x as long (0.2-1.5 ms against 0.05-0.19 ms per
+    layer, 300-1500 cached positions; docs/benchmarks.md), several ms of a 0.5B draft's forward; in float32 either
+    may win by shape. So it is measured per machine and process (:func:`measure_one_query_attention`, at
+    :data:`ATTENTION_CONTEXT` positions), cached per (kv heads, groups, head size, dtype), and the mask is used
+    where the packed form's fastest run is under :data:`ATTENTION_RATIO` (half) of the other's. Both forms compute
+    the same attention (rounding differences only, which verification makes harmless: the target decides every
+    token, and the greedy tests bound the differences as near-ties).
+
+    Returns ``False`` without measuring for float32 (the packed kernel alone measured 1.2-1.6x faster there, a
+    whole forward of the 0.5B draft no faster; and float32 targets stay on the path plain ``generate`` takes, where
+    the exactness tests compare bit for bit), other devices (CUDA's fast kernels want no mask), attention
+    implementations other than ``sdpa`` and models without grouped-query heads.
+    """
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    if (dtype not in (torch.bfloat16, torch.float16) or torch.device(device).type != "cpu"
+            or getattr(text, "_attn_implementation", None) != "sdpa" or not heads
+            or heads == kv_heads or heads % kv_heads):
+        return False
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    key = (kv_heads, heads // kv_heads, head_dim, dtype)
+    times = _ATTENTION_MEASURED.get(key)
+    if times is None:
+        with _MEASURE_LOCK:
+            times = _ATTENTION_MEASURED.get(key)
+            if times is None:
+                times = _ATTENTION_MEASURED[key] = measure_one_query_attention(*key)
+    return times[1] < ATTENTION_RATIO * times[0]
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

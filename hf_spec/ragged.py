@@ -11,6 +11,11 @@ batch of one never keeps a hole and the cache stays as long as the sequence.
 This is the "per-row lengths" design (as in BASS, Qian et al. 2024, "BASS: Batched Attention-optimized
 Speculative Sampling"), with the masking and position handling of ``transformers`` itself: the model gets
 ``attention_mask [B, T + n]`` and ``position_ids [B, n]``; ``transformers`` builds the causal mask.
+
+One exception: a one-position block (a plain decode step of the target, a draft model's drafting step) gets a
+4D mask built here where :func:`~hf_spec.kernels.one_query_mask_pays` measured it faster on this machine:
+without a mask, transformers' ``sdpa`` attention runs a grouped-query query through a CPU kernel that took 3-8x
+as long in bfloat16 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import inspect
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
 from transformers.generation.utils import ALL_CACHE_NAMES
+
+from .kernels import one_query_mask_pays
 
 __all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg"]
 
@@ -157,6 +163,7 @@ class RaggedCache:
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
         # a tree fed level by level (forward_nodes): its first slot, and which nodes each node sees
         self._nodes: tuple[int, torch.Tensor] | None = None
+        self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -303,14 +310,22 @@ class RaggedCache:
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        if self.window is None and within is None:  # transformers builds the causal mask from the 2D one
-            mask = self.valid.to(torch.long)
+        if self.window is None and within is None and not (block.shape[1] == 1 and self._one_query_mask(model)):
+            mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
             mask = self._masks(model, position_ids, within)
         out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
                     logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
         return out
+
+    def _one_query_mask(self, model) -> bool:
+        """Whether one-position blocks get an explicit 4D mask (:func:`~hf_spec.kernels.one_query_mask_pays`:
+        transformers' ``sdpa`` attention runs a slower CPU kernel for one grouped-query query without a mask),
+        decided once per cache."""
+        if self._one_query is None:
+            self._one_query = one_query_mask_pays(model.config, model.dtype, self.valid.device)
+        return self._one_query
 
     @staticmethod
     def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,6 +67,31 @@ def test_ragged_cache_rows_see_exactly_their_own_sequence():
         torch.testing.assert_close(out[i], alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("one_query_mask", [False, True])
+@torch.no_grad()
+def test_one_position_forwards_take_the_measured_attention_path(monkeypatch, one_query_mask):
+    """A one-position block (a plain step, a draft model's drafting step) of a row without holes: transformers'
+    sdpa attention gets no mask, and so runs grouped-query attention with ``enable_gqa``, unless the measured
+    choice (kernels.one_query_mask_pays) gave it a 4D mask; either way the logits are those of the row alone."""
+    from transformers.integrations import sdpa_attention
+
+    model = tiny_llama(vocab_size=V, seed=5)  # 4 query heads over 2 key/value heads
+    seen = []
+    real = sdpa_attention.use_gqa_in_sdpa
+    monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", lambda m, k, v: seen.append((m is None, real(m, k, v)))
+                        or seen[-1][1])
+    monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: one_query_mask)
+    ragged = RaggedCache(model.config, 1, "cpu")
+    seq = [0, 4, 7, 2, 5]
+    ragged.forward(model, torch.tensor([seq]))
+    for token in (3, 8, 6):
+        seen.clear()
+        seq.append(token)
+        out = ragged.forward(model, torch.tensor([[token]])).logits[0, -1]
+        assert seen == [(not one_query_mask, not one_query_mask)] * model.config.num_hidden_layers
+        torch.testing.assert_close(out, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def pair():
     target, draft = tiny_llama(vocab_size=V, seed=10), tiny_llama(vocab_size=V, seed=11)

@@ -5,7 +5,8 @@ import torch
 
 from hf_spec import kernels
 from hf_spec.kernels import (draft_kind, install_upcast_prefill, install_verify_linear, is_int4_draft, is_int8_draft,
-                             measured_forms, quantize_draft_int4, quantize_draft_int8, verify_linear)
+                             measured_attention, measured_forms, one_query_mask_pays, quantize_draft_int4,
+                             quantize_draft_int8, verify_linear)
 
 from .conftest import tiny_llama
 
@@ -275,3 +276,43 @@ def test_auto_keeps_a_bfloat16_draft_that_no_int4_layer_fits(monkeypatch, caplog
     assert model.dtype == torch.bfloat16 and not is_int4_draft(model) and "stays bfloat16" in caplog.text
     with pytest.raises(ValueError, match="no linear layer"):
         draft_model.load_draft_model("tiny", None, "int4")
+
+
+@pytest.mark.parametrize("enable_gqa_s, packed_s, mask", [(1.0, 0.2, True), (1.0, 0.6, False), (0.3, 1.0, False)])
+def test_one_query_attention_form_is_chosen_by_measuring_it(monkeypatch, enable_gqa_s, packed_s, mask):
+    """A one-query forward gets a 4D mask where the packed form measured under half the time; measured once per
+    (kv heads, groups, head size, dtype), only for half-precision CPU sdpa models with grouped-query heads."""
+    timed = []
+    monkeypatch.setattr(kernels, "time_attention", lambda name, fn: timed.append((name, tuple(fn().shape))) or
+                        {"enable_gqa": enable_gqa_s, "packed": packed_s}[name])
+    monkeypatch.setattr(kernels, "_ATTENTION_MEASURED", {})
+    config = tiny_llama().config  # 4 query heads over 2 key/value heads of size 8, sdpa
+    assert config._attn_implementation == "sdpa"
+    assert one_query_mask_pays(config, torch.bfloat16, "cpu") is mask
+    assert one_query_mask_pays(config, torch.bfloat16, "cpu") is mask  # cached: no second measurement
+    runs = 1 + 6 * kernels.REPEATS
+    assert sorted(set(timed)) == [("enable_gqa", (1, 4, 1, 8)), ("packed", (1, 2, 2, 8))] and len(timed) == 2 * runs
+    assert measured_attention() == {(2, 2, 8, torch.bfloat16): (enable_gqa_s, packed_s)}
+    timed.clear()
+    assert one_query_mask_pays(config, torch.float16, "cpu") is mask and len(timed) == 2 * runs  # per dtype
+    timed.clear()
+    assert not one_query_mask_pays(config, torch.float32, "cpu")  # float32 keeps transformers' path
+    assert not one_query_mask_pays(config, torch.bfloat16, "cuda")  # CUDA's fast kernels want no mask
+    eager = tiny_llama().config
+    eager._attn_implementation = "eager"
+    assert not one_query_mask_pays(eager, torch.bfloat16, "cpu")
+    mha = tiny_llama().config
+    mha.num_key_value_heads = mha.num_attention_heads
+    assert not one_query_mask_pays(mha, torch.bfloat16, "cpu")
+    assert timed == []
+
+
+def test_one_query_attention_forms_compute_the_same():
+    """The two forms measured are the same attention (what transformers' sdpa runs with and without a mask)."""
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 6, 1, 16), torch.randn(1, 2, 40, 16)
+    v = torch.randn_like(k)
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    packed = torch.nn.functional.scaled_dot_product_attention(q.reshape(1, 2, 3, 16), k, v,
+                                                              attn_mask=torch.ones(1, 1, 1, 40, dtype=torch.bool))
+    torch.testing.assert_close(packed.reshape(plain.shape), plain)
