@@ -13,10 +13,9 @@ from hf_spec.drafters.medusa import MedusaDrafter
 from hf_spec.medusa.heads import MedusaHeads, heads_path
 from hf_spec.prompts import chat_inputs
 
-from .conftest import TIE_BOUND, first_divergence, top2_gap
+from .conftest import SPECBENCH_NEW, TIE_BOUND, first_divergence, top2_gap
 
 pytestmark = pytest.mark.slow
-NEW = 48
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +31,15 @@ def test_shipped_heads_match_the_target(smol, smol_heads):
     assert smol_heads.num_heads >= 3
 
 
-def test_greedy_token_identical_on_specbench(smol, smol_heads, specbench_prompts):
+def test_greedy_token_identical_on_specbench(smol, smol_heads, specbench_baselines):
     model, tok = smol
-    assert len(specbench_prompts) >= 20
+    assert len(specbench_baselines) >= 20
     ks = list(range(1, smol_heads.num_heads + 1))
     stats = hf_spec.SpecStats()
     near_ties = 0
-    for i, q in enumerate(specbench_prompts):
-        inputs = chat_inputs(tok, q.text)
-        ref = model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    for i, (q, inputs, ref) in enumerate(specbench_baselines):  # the references test_real_greedy.py uses too
         k = ks[i % len(ks)]
-        out = model.generate(**inputs, max_new_tokens=NEW, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+        out = model.generate(**inputs, max_new_tokens=SPECBENCH_NEW, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
                              drafter=MedusaDrafter(smol_heads, k))
         stats.merge(out.stats)
         if not torch.equal(out.sequences, ref):
