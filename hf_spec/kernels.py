@@ -29,7 +29,7 @@ differences (~1e-6 relative), which the greedy exactness tests bound as near-tie
 
 The same per-machine measurement chooses how a one-position forward attends (:func:`one_query_mask_pays`):
 transformers' ``sdpa`` attention runs a single grouped-query query without an attention mask through a CPU kernel
-that took 3-8x as long in bfloat16 as the packed form it uses with a mask; :class:`~hf_spec.ragged.RaggedCache`
+that took 4-11x as long in bfloat16 as the packed form it uses with a mask; :class:`~hf_spec.ragged.RaggedCache`
 then passes a 4D mask for one-position blocks (a target's plain step, a draft model's drafting step).
 """
 
@@ -188,7 +188,7 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     transformers' ``sdpa`` attention, for one query with grouped-query heads, calls PyTorch with
     ``enable_gqa=True`` when there is no attention mask (plain decoding of a sequence without padding: the 2D
     mask of ones is dropped) and packs the query heads into the query length when there is one. On CPUs the two
-    differ: in bfloat16 on an AVX512-BF16 EPYC the first took 3-8x as long (0.2-1.5 ms against 0.05-0.19 ms per
+    differ: in bfloat16 on an AVX512-BF16 EPYC the first took 4-11x as long (0.18-1.2 ms against 0.04-0.11 ms per
     layer, 300-1500 cached positions; docs/benchmarks.md), several ms of a 0.5B draft's forward; in float32 either
     may win by shape. So it is measured per machine and process (:func:`measure_one_query_attention`, at
     :data:`ATTENTION_CONTEXT` positions), cached per (kv heads, groups, head size, dtype), and the mask is used

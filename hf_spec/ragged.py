@@ -14,7 +14,7 @@ Speculative Sampling"), with the masking and position handling of ``transformers
 
 One exception: a one-position block (a plain decode step of the target, a draft model's drafting step) gets a
 4D mask built here where :func:`~hf_spec.kernels.one_query_mask_pays` measured it faster on this machine:
-without a mask, transformers' ``sdpa`` attention runs a grouped-query query through a CPU kernel that took 3-8x
+without a mask, transformers' ``sdpa`` attention runs a grouped-query query through a CPU kernel that took 4-11x
 as long in bfloat16 (docs/benchmarks.md).
 """
 
