@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 import warnings
@@ -102,7 +103,8 @@ def measure_forms(weight: torch.Tensor, rows: int, repeats: int = REPEATS) -> tu
     alternating, each timed by :func:`time_form`."""
     keep = max(1, min(weight.shape[0], _BENCH_MAX_WEIGHT // max(1, weight.shape[1])))
     w = weight.detach()[:keep]
-    x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+    # a generator of its own: the global one is the sampler's, and a measurement inside a call must not move it
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(0)).to(w.device)
     forms = {"linear": lambda: F.linear(x, w), "mm": lambda: _mm_form(w, x)}
     runs: dict[str, list[float]] = {name: [] for name in forms}
     for i in range(repeats + 1):
@@ -139,7 +141,7 @@ ATTENTION_CONTEXT = 512
 #: the packed form (a 4D mask) is used only where its fastest run is under this fraction of enable_gqa's: the
 #: mask has costs of its own in a forward (building it, converting it per layer) that the kernel times miss
 ATTENTION_RATIO = 0.5
-#: (key/value heads, query heads per key/value head, head size, dtype) -> (enable_gqa seconds, packed seconds)
+#: (key/value heads, query heads per key/value head, head size, dtype, threads) -> (enable_gqa s, packed s)
 _ATTENTION_MEASURED: dict[tuple, tuple[float, float]] = {}
 
 
@@ -160,9 +162,10 @@ def measure_one_query_attention(kv_heads: int, groups: int, head_dim: int, dtype
     query when there is no attention mask) and the query heads packed into the query length,
     ``q [1, H_kv, groups, d]``, with a boolean mask (what it runs when there is one: its ``pack_gqa``). One warm-up
     and ``repeats`` runs of each, alternating, each timed by :func:`time_attention`."""
-    q = torch.randn(1, kv_heads * groups, 1, head_dim, dtype=dtype)
-    k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype)
-    v = torch.randn_like(k)
+    g = torch.Generator().manual_seed(0)  # not the global generator: the sampler's, measured inside a call
+    q = torch.randn(1, kv_heads * groups, 1, head_dim, dtype=dtype, generator=g)
+    k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
+    v = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
     mask = torch.ones(1, 1, 1, context, dtype=torch.bool)
     packed = q.reshape(1, kv_heads, groups, head_dim)
     forms = {"enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
@@ -177,7 +180,7 @@ def measure_one_query_attention(kv_heads: int, groups: int, head_dim: int, dtype
 
 
 def measured_attention() -> dict[tuple, tuple[float, float]]:
-    """What this process measured so far: ``(kv heads, groups, head size, dtype)`` -> ``(enable_gqa seconds,
+    """What this process measured so far: ``(kv heads, groups, head size, dtype, threads)`` -> ``(enable_gqa seconds,
     packed seconds)`` (fastest runs; :func:`one_query_mask_pays`)."""
     return dict(_ATTENTION_MEASURED)
 
@@ -191,7 +194,8 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     differ: in bfloat16 on an AVX512-BF16 EPYC the first took 4-11x as long (0.18-1.2 ms against 0.04-0.11 ms per
     layer, 300-1500 cached positions; docs/benchmarks.md), several ms of a 0.5B draft's forward; in float32 either
     may win by shape. So it is measured per machine and process (:func:`measure_one_query_attention`, at
-    :data:`ATTENTION_CONTEXT` positions), cached per (kv heads, groups, head size, dtype), and the mask is used
+    :data:`ATTENTION_CONTEXT` positions, inside the first one-position forward that asks), cached per (kv heads,
+    groups, head size, dtype, torch's thread count), and the mask is used
     where the packed form's fastest run is under :data:`ATTENTION_RATIO` (half) of the other's. Both forms compute
     the same attention (rounding differences only, which verification makes harmless: the target decides every
     token, and the greedy tests bound the differences as near-ties).
@@ -199,7 +203,8 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     Returns ``False`` without measuring for float32 (the packed kernel alone measured 1.2-1.6x faster there, a
     whole forward of the 0.5B draft no faster; and float32 targets stay on the path plain ``generate`` takes, where
     the exactness tests compare bit for bit), other devices (CUDA's fast kernels want no mask), attention
-    implementations other than ``sdpa`` and models without grouped-query heads.
+    implementations other than ``sdpa``, models without grouped-query heads, head sizes over 256 and
+    ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (where transformers runs ``enable_gqa`` with a mask too, or never).
     """
     text = config.get_text_config()
     heads = getattr(text, "num_attention_heads", None)
@@ -209,13 +214,15 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
             or heads == kv_heads or heads % kv_heads):
         return False
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    key = (kv_heads, heads // kv_heads, head_dim, dtype)
+    if head_dim > 256 or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1":
+        return False  # transformers runs enable_gqa then whatever the mask (or never): a mask gains nothing
+    key = (kv_heads, heads // kv_heads, head_dim, dtype, torch.get_num_threads())
     times = _ATTENTION_MEASURED.get(key)
     if times is None:
         with _MEASURE_LOCK:
             times = _ATTENTION_MEASURED.get(key)
             if times is None:
-                times = _ATTENTION_MEASURED[key] = measure_one_query_attention(*key)
+                times = _ATTENTION_MEASURED[key] = measure_one_query_attention(*key[:4])
     return times[1] < ATTENTION_RATIO * times[0]
 
 

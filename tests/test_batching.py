@@ -36,10 +36,13 @@ def left_pad(prompts, pad=1):
     return ids, mask
 
 
+@pytest.mark.parametrize("one_query_mask", [False, True])
 @torch.no_grad()
-def test_ragged_cache_rows_see_exactly_their_own_sequence():
+def test_ragged_cache_rows_see_exactly_their_own_sequence(monkeypatch, one_query_mask):
     """Feed a padded batch, then blocks with filler, roll back some tokens per row, feed again: each row's
-    logits equal a plain forward over that row's true sequence."""
+    logits equal a plain forward over that row's true sequence; one-position blocks with the 2D mask and with
+    the 4D one (kernels.one_query_mask_pays, forced either way: on a real machine it is measured)."""
+    monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: one_query_mask)
     model = tiny_llama(vocab_size=V, seed=5)
     ids, mask = left_pad(PROMPTS)
     ragged = RaggedCache(model.config, 3, "cpu")

@@ -292,7 +292,7 @@ def test_one_query_attention_form_is_chosen_by_measuring_it(monkeypatch, enable_
     assert one_query_mask_pays(config, torch.bfloat16, "cpu") is mask  # cached: no second measurement
     runs = 1 + 6 * kernels.REPEATS
     assert sorted(set(timed)) == [("enable_gqa", (1, 4, 1, 8)), ("packed", (1, 2, 2, 8))] and len(timed) == 2 * runs
-    assert measured_attention() == {(2, 2, 8, torch.bfloat16): (enable_gqa_s, packed_s)}
+    assert measured_attention() == {(2, 2, 8, torch.bfloat16, torch.get_num_threads()): (enable_gqa_s, packed_s)}
     timed.clear()
     assert one_query_mask_pays(config, torch.float16, "cpu") is mask and len(timed) == 2 * runs  # per dtype
     timed.clear()
@@ -304,6 +304,8 @@ def test_one_query_attention_form_is_chosen_by_measuring_it(monkeypatch, enable_
     mha = tiny_llama().config
     mha.num_key_value_heads = mha.num_attention_heads
     assert not one_query_mask_pays(mha, torch.bfloat16, "cpu")
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    assert not one_query_mask_pays(tiny_llama().config, torch.bfloat16, "cpu")
     assert timed == []
 
 
@@ -316,3 +318,14 @@ def test_one_query_attention_forms_compute_the_same():
     packed = torch.nn.functional.scaled_dot_product_attention(q.reshape(1, 2, 3, 16), k, v,
                                                               attn_mask=torch.ones(1, 1, 1, 40, dtype=torch.bool))
     torch.testing.assert_close(packed.reshape(plain.shape), plain)
+
+
+def test_measurements_leave_the_global_generator_alone():
+    """Both measurements run inside a generate call, where the global generator is the sampler's: a seeded
+    call must sample the same whether or not a measurement happened in it."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    kernels.measure_one_query_attention(2, 2, 8, torch.bfloat16, context=16, repeats=1)
+    kernels.measure_forms(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), 2, repeats=1)
+    assert torch.equal(torch.rand(3), expected)

@@ -1,4 +1,4 @@
-"""Batched greedy exactness on the real SmolLM2-135M-Instruct (float32): for batch sizes 3 and 8,
+"""Batched greedy exactness on the real SmolLM2-135M-Instruct (float32): for batch sizes 2 and 8,
 left-padded prompts of very different lengths (a few tokens of question to a long article) and rows that
 end early on EOS, every row's output is token-identical to that prompt's unbatched ``model.generate``,
 for the n-gram drafter and two real-weight drafts (high and low acceptance), through both entry points.
@@ -51,7 +51,7 @@ def check_row(model, prompt_ids, got_new, ref_new, pad, label):
     return 1
 
 
-@pytest.mark.parametrize("batch_size", [3, 8])  # a row alone: test_real_greedy.py
+@pytest.mark.parametrize("batch_size", [2, 8])  # a row alone: test_real_greedy.py
 def test_each_row_equals_its_unbatched_generate(smol, smol_drafts, cases, batch_size):
     model, tok = smol
     batch = cases[:batch_size]
