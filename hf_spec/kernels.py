@@ -105,14 +105,32 @@ def measure_forms(weight: torch.Tensor, rows: int, repeats: int = REPEATS) -> tu
     w = weight.detach()[:keep]
     # a generator of its own: the global one is the sampler's, and a measurement inside a call must not move it
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(0)).to(w.device)
-    forms = {"linear": lambda: F.linear(x, w), "mm": lambda: _mm_form(w, x)}
+    fastest = _fastest({"linear": lambda: F.linear(x, w), "mm": lambda: _mm_form(w, x)}, repeats, time_form)
+    return fastest["linear"], fastest["mm"]
+
+
+def _fastest(forms: dict[str, Callable[[], torch.Tensor]], repeats: int, timer) -> dict[str, float]:
+    """Each form's fastest of ``repeats`` timed runs (``timer(name, fn)`` seconds), after one warm-up run each,
+    the forms alternating run by run."""
     runs: dict[str, list[float]] = {name: [] for name in forms}
     for i in range(repeats + 1):
         for name, fn in forms.items():
-            t = time_form(name, fn)
+            t = timer(name, fn)
             if i:  # the first run of each warms up
                 runs[name].append(t)
-    return min(runs["linear"]), min(runs["mm"])
+    return {name: min(times) for name, times in runs.items()}
+
+
+def _measured_once(store: dict, key: tuple, measure: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """``store[key]``, measured by ``measure()`` the first time (one measurement at a time: concurrent ones would
+    time each other)."""
+    times = store.get(key)
+    if times is None:
+        with _MEASURE_LOCK:
+            times = store.get(key)
+            if times is None:
+                times = store[key] = measure()
+    return times
 
 
 def measured_forms() -> dict[tuple, tuple[float, float]]:
@@ -127,19 +145,15 @@ def mm_is_faster(weight: torch.Tensor, rows: int) -> bool:
     machine: measured (:func:`measure_forms`, with the row count rounded up to a power of two) the first time
     a shape, bucket and dtype are asked about, then cached for the process."""
     key = (weight.shape[0], weight.shape[1], _bucket(rows), weight.dtype)
-    times = _MEASURED.get(key)
-    if times is None:
-        with _MEASURE_LOCK:  # one measurement at a time: concurrent ones would time each other
-            times = _MEASURED.get(key)
-            if times is None:
-                times = _MEASURED[key] = measure_forms(weight, key[2])
+    times = _measured_once(_MEASURED, key, lambda: measure_forms(weight, key[2]))
     return times[1] < (1 - MARGIN) * times[0]
 
 
 #: context length (cached positions) of the one-query attention measurement
 ATTENTION_CONTEXT = 512
-#: the packed form (a 4D mask) is used only where its fastest run is under this fraction of enable_gqa's: the
-#: mask has costs of its own in a forward (building it, converting it per layer) that the kernel times miss
+#: the packed form (a 4D mask) is used only where its fastest run is under this fraction of enable_gqa's: a forward
+#: also builds the mask every step, and the int8 draft's float32 forwards, whose kernel alone measured 1.3-1.9x
+#: faster packed, were 1.12-1.14x slower with the mask (docs/results/issue21_one_query_attention)
 ATTENTION_RATIO = 0.5
 #: (key/value heads, query heads per key/value head, head size, dtype, threads) -> (enable_gqa s, packed s)
 _ATTENTION_MEASURED: dict[tuple, tuple[float, float]] = {}
@@ -168,15 +182,10 @@ def measure_one_query_attention(kv_heads: int, groups: int, head_dim: int, dtype
     v = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
     mask = torch.ones(1, 1, 1, context, dtype=torch.bool)
     packed = q.reshape(1, kv_heads, groups, head_dim)
-    forms = {"enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-             "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=mask)}
-    runs: dict[str, list[float]] = {name: [] for name in forms}
-    for i in range(repeats + 1):
-        for name, fn in forms.items():
-            t = time_attention(name, fn)
-            if i:
-                runs[name].append(t)
-    return min(runs["enable_gqa"]), min(runs["packed"])
+    fastest = _fastest({"enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                        "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=mask)},
+                       repeats, time_attention)
+    return fastest["enable_gqa"], fastest["packed"]
 
 
 def measured_attention() -> dict[tuple, tuple[float, float]]:
@@ -200,8 +209,8 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     the same attention (rounding differences only, which verification makes harmless: the target decides every
     token, and the greedy tests bound the differences as near-ties).
 
-    Returns ``False`` without measuring for float32 (the packed kernel alone measured 1.2-1.6x faster there, a
-    whole forward of the 0.5B draft no faster; and float32 targets stay on the path plain ``generate`` takes, where
+    Returns ``False`` without measuring for float32 (the packed kernel alone measured from 1.4x slower to 1.9x
+    faster there by shape, a whole forward of the int8 0.5B draft 1.12-1.14x slower with the mask; and float32 targets stay on the path plain ``generate`` takes, where
     the exactness tests compare bit for bit), other devices (CUDA's fast kernels want no mask), attention
     implementations other than ``sdpa``, models without grouped-query heads, head sizes over 256 and
     ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (where transformers runs ``enable_gqa`` with a mask too, or never).
@@ -217,12 +226,7 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     if head_dim > 256 or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1":
         return False  # transformers runs enable_gqa then whatever the mask (or never): a mask gains nothing
     key = (kv_heads, heads // kv_heads, head_dim, dtype, torch.get_num_threads())
-    times = _ATTENTION_MEASURED.get(key)
-    if times is None:
-        with _MEASURE_LOCK:
-            times = _ATTENTION_MEASURED.get(key)
-            if times is None:
-                times = _ATTENTION_MEASURED[key] = measure_one_query_attention(*key[:4])
+    times = _measured_once(_ATTENTION_MEASURED, key, lambda: measure_one_query_attention(*key[:4]))
     return times[1] < ATTENTION_RATIO * times[0]
 
 
