@@ -1,4 +1,5 @@
-"""A faster linear layer for verify forwards of a few positions on the CPU (float32), where it is faster.
+"""CPU kernels chosen by measuring them on the machine: a faster linear layer for verify forwards of a few positions
+(float32), the attention paths of grouped-query models (below), and the int8 and int4 drafts.
 
 Verifying k+1 drafted positions should cost about one decode step: decoding is bound by reading the
 weights, and k+1 rows read them once. On some CPUs PyTorch's float32 ``F.linear`` (``x @ W.T``) for 2..16
@@ -30,7 +31,10 @@ differences (~1e-6 relative), which the greedy exactness tests bound as near-tie
 The same per-machine measurement chooses how a one-position forward attends (:func:`one_query_mask_pays`):
 transformers' ``sdpa`` attention runs a single grouped-query query without an attention mask through a CPU kernel
 that took 4-11x as long in bfloat16 as the packed form it uses with a mask; :class:`~hf_spec.ragged.RaggedCache`
-then passes a 4D mask for one-position blocks (a target's plain step, a draft model's drafting step).
+then passes a 4D mask for one-position blocks (a target's plain step, a draft model's drafting step). And blocks of
+2..64 positions after cached ones (verify forwards), which carry a 4D mask, attend with the query heads packed into
+the query length (:func:`packed_sdpa_attention`) instead of transformers' ``repeat_kv`` copy of every key/value head
+where that measured faster (:func:`packed_attention_pays`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ import torch.nn.functional as F
 __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "quantize_draft_int8", "is_int8_draft",
            "quantize_draft_int4", "is_int4_draft", "draft_kind",
            "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS",
-           "measure_one_query_attention", "one_query_mask_pays", "measured_attention"]
+           "measure_gqa_attention", "one_query_mask_pays", "measured_attention", "packed_attention_pays",
+           "packed_sdpa_attention", "packed_attention", "PACKED_SDPA"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -149,49 +154,96 @@ def mm_is_faster(weight: torch.Tensor, rows: int) -> bool:
     return times[1] < (1 - MARGIN) * times[0]
 
 
-#: context length (cached positions) of the one-query attention measurement
+#: context length (cached positions) of the grouped-query attention measurements
 ATTENTION_CONTEXT = 512
-#: the packed form (a 4D mask) is used only where its fastest run is under this fraction of enable_gqa's: a forward
-#: also builds the mask every step, and the int8 draft's float32 forwards, whose kernel alone measured 1.3-1.9x
-#: faster packed, were 1.12-1.14x slower with the mask (docs/results/issue21_one_query_attention)
+#: the packed form (a 4D mask) is used for one query only where its fastest run is under this fraction of
+#: enable_gqa's: a forward also builds the mask every step, and the int8 draft's float32 forwards, whose kernel alone
+#: measured 1.3-1.9x faster packed, were 1.12-1.14x slower with the mask (docs/results/issue21_one_query_attention)
 ATTENTION_RATIO = 0.5
-#: (key/value heads, query heads per key/value head, head size, dtype, threads) -> (enable_gqa s, packed s)
+#: blocks of 2..this many queries after cached positions (verify forwards, a draft tree's levels) are candidates for
+#: packed attention (:func:`packed_attention_pays`); a longer block is a prompt, where transformers' causal kernel stays
+PACKED_MAX_QUERIES = 64
+#: (key/value heads, query heads per key/value head, head size, dtype, threads, queries bucket) ->
+#: (transformers' form s, packed s)
 _ATTENTION_MEASURED: dict[tuple, tuple[float, float]] = {}
+#: the attention implementation :func:`packed_attention` names in a model's config while it runs
+PACKED_SDPA = "hf_spec_packed_sdpa"
 
 
 def time_attention(name: str, fn: Callable[[], torch.Tensor]) -> float:
-    """Seconds one call of ``fn`` takes (``name``: ``"enable_gqa"`` or ``"packed"``, the form it computes).
+    """Seconds one call of ``fn`` takes (``name``: ``"transformers"`` or ``"packed"``, the form it computes).
     Tests replace this module attribute with a synthetic timer."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
+def _pack_queries(query: torch.Tensor, groups: int) -> torch.Tensor:
+    """``query [B, H, n, d]`` of a grouped-query layer (query head h reads key/value head h // groups, as
+    transformers' ``repeat_kv`` orders them) as ``[B, H / groups, groups * n, d]``: each key/value head's queries
+    in one sequence, query ``(r, i)`` at ``r * n + i``."""
+    b, h, n, d = query.shape
+    return query.reshape(b, h // groups, groups * n, d)
+
+
 @torch.no_grad()
-def measure_one_query_attention(kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype,
-                                context: int = ATTENTION_CONTEXT, repeats: int = 6 * REPEATS) -> tuple[float, float]:
-    """Seconds of the fastest run of each form of one query's grouped-query attention on the CPU, over
-    ``context`` cached positions with random inputs: ``F.scaled_dot_product_attention(q [1, H, 1, d], k, v,
-    enable_gqa=True)`` with ``k, v [1, H_kv, context, d]`` (what transformers' ``sdpa`` attention runs for one
-    query when there is no attention mask) and the query heads packed into the query length,
-    ``q [1, H_kv, groups, d]``, with a boolean mask (what it runs when there is one: its ``pack_gqa``). One warm-up
-    and ``repeats`` runs of each, alternating, each timed by :func:`time_attention`."""
+def measure_gqa_attention(kv_heads: int, groups: int, head_dim: int, dtype: torch.dtype, queries: int = 1,
+                          context: int = ATTENTION_CONTEXT, repeats: int = 6 * REPEATS) -> tuple[float, float]:
+    """Seconds of the fastest run of each form of grouped-query attention for ``queries`` new queries on the CPU,
+    over ``context`` cached positions with random inputs (``q [1, H, n, d]``, ``k, v [1, H_kv, context, d]``):
+
+    - transformers' ``sdpa`` form: for one query without a mask (a row without padding: the 2D mask of ones is
+      dropped), ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)``; for several, which always come with a
+      4D mask after cached positions, ``k`` and ``v`` repeated per query head (``repeat_kv``) and the mask;
+    - packed: the query heads folded into the query length (:func:`_pack_queries`) against the unrepeated ``k, v``,
+      the mask repeated per query head (what transformers runs for one query *with* a mask: its ``pack_gqa``).
+
+    One warm-up and ``repeats`` runs of each, alternating, each timed by :func:`time_attention`."""
     g = torch.Generator().manual_seed(0)  # not the global generator: the sampler's, measured inside a call
-    q = torch.randn(1, kv_heads * groups, 1, head_dim, dtype=dtype, generator=g)
+    q = torch.randn(1, kv_heads * groups, queries, head_dim, dtype=dtype, generator=g)
     k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
     v = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
-    mask = torch.ones(1, 1, 1, context, dtype=torch.bool)
-    packed = q.reshape(1, kv_heads, groups, head_dim)
-    fastest = _fastest({"enable_gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-                        "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=mask)},
+    mask = torch.ones(1, 1, queries, context, dtype=torch.bool)
+    mask[0, 0, :, context - queries:] = torch.ones(queries, queries, dtype=torch.bool).tril()
+    packed = _pack_queries(q, groups)
+    packed_mask = mask.repeat(1, 1, groups, 1)
+    if queries == 1:
+        plain = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+    else:
+        plain = lambda: F.scaled_dot_product_attention(  # noqa: E731
+            q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), attn_mask=mask)
+    fastest = _fastest({"transformers": plain,
+                        "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=packed_mask)},
                        repeats, time_attention)
-    return fastest["enable_gqa"], fastest["packed"]
+    return fastest["transformers"], fastest["packed"]
 
 
 def measured_attention() -> dict[tuple, tuple[float, float]]:
-    """What this process measured so far: ``(kv heads, groups, head size, dtype, threads)`` -> ``(enable_gqa seconds,
-    packed seconds)`` (fastest runs; :func:`one_query_mask_pays`)."""
+    """What this process measured so far: ``(kv heads, groups, head size, dtype, threads, queries bucket)`` ->
+    ``(transformers' form seconds, packed seconds)`` (fastest runs; :func:`one_query_mask_pays`,
+    :func:`packed_attention_pays`)."""
     return dict(_ATTENTION_MEASURED)
+
+
+def _gqa_key(config, dtype: torch.dtype, device, queries: int) -> tuple | None:
+    """The measurement key of a CPU ``sdpa`` model with grouped-query heads (:data:`_ATTENTION_MEASURED`), or
+    ``None`` where hf-spec keeps transformers' attention: other devices (CUDA's fast kernels take no packed
+    queries), other attention implementations, models without grouped-query heads, head sizes over 256 and
+    ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (where transformers runs ``enable_gqa`` whatever the mask)."""
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    if (torch.device(device).type != "cpu" or getattr(text, "_attn_implementation", None) != "sdpa" or not heads
+            or heads == kv_heads or heads % kv_heads):
+        return None
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    if head_dim > 256 or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1":
+        return None
+    return kv_heads, heads // kv_heads, head_dim, dtype, torch.get_num_threads(), queries
+
+
+def _packed_times(key: tuple) -> tuple[float, float]:
+    return _measured_once(_ATTENTION_MEASURED, key, lambda: measure_gqa_attention(*key[:4], queries=key[5]))
 
 
 def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
@@ -202,32 +254,106 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
     mask of ones is dropped) and packs the query heads into the query length when there is one. On CPUs the two
     differ: in bfloat16 on an AVX512-BF16 EPYC the first took 4-11x as long (0.18-1.2 ms against 0.04-0.11 ms per
     layer, 300-1500 cached positions; docs/benchmarks.md), several ms of a 0.5B draft's forward; in float32 either
-    may win by shape. So it is measured per machine and process (:func:`measure_one_query_attention`, at
+    may win by shape. So it is measured per machine and process (:func:`measure_gqa_attention`, at
     :data:`ATTENTION_CONTEXT` positions, inside the first one-position forward that asks), cached per (kv heads,
-    groups, head size, dtype, torch's thread count), and the mask is used
-    where the packed form's fastest run is under :data:`ATTENTION_RATIO` (half) of the other's. Both forms compute
-    the same attention (rounding differences only, which verification makes harmless: the target decides every
-    token, and the greedy tests bound the differences as near-ties).
+    groups, head size, dtype, torch's thread count), and the mask is used where the packed form's fastest run is
+    under :data:`ATTENTION_RATIO` (half) of the other's. Both forms compute the same attention (rounding differences
+    only, which verification makes harmless: the target decides every token, and the greedy tests bound the
+    differences as near-ties).
 
     Returns ``False`` without measuring for float32 (the packed kernel alone measured from 1.4x slower to 1.9x
-    faster there by shape, a whole forward of the int8 0.5B draft 1.12-1.14x slower with the mask; and float32 targets stay on the path plain ``generate`` takes, where
-    the exactness tests compare bit for bit), other devices (CUDA's fast kernels want no mask), attention
-    implementations other than ``sdpa``, models without grouped-query heads, head sizes over 256 and
-    ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (where transformers runs ``enable_gqa`` with a mask too, or never).
+    faster there by shape, a whole forward of the int8 0.5B draft 1.12-1.14x slower with the mask; and float32
+    targets stay on the path plain ``generate`` takes, where the exactness tests compare bit for bit) and wherever
+    :func:`_gqa_key` keeps transformers' attention (not a CPU ``sdpa`` model with grouped-query heads).
     """
-    text = config.get_text_config()
-    heads = getattr(text, "num_attention_heads", None)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    if (dtype not in (torch.bfloat16, torch.float16) or torch.device(device).type != "cpu"
-            or getattr(text, "_attn_implementation", None) != "sdpa" or not heads
-            or heads == kv_heads or heads % kv_heads):
+    key = _gqa_key(config, dtype, device, 1) if dtype in (torch.bfloat16, torch.float16) else None
+    if key is None:
         return False
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    if head_dim > 256 or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1":
-        return False  # transformers runs enable_gqa then whatever the mask (or never): a mask gains nothing
-    key = (kv_heads, heads // kv_heads, head_dim, dtype, torch.get_num_threads())
-    times = _measured_once(_ATTENTION_MEASURED, key, lambda: measure_one_query_attention(*key[:4]))
+    times = _packed_times(key)
     return times[1] < ATTENTION_RATIO * times[0]
+
+
+def packed_attention_pays(config, dtype: torch.dtype, device, queries: int) -> bool:
+    """Whether a block of ``queries`` (2..:data:`PACKED_MAX_QUERIES`) new queries after cached positions (a verify
+    forward, a draft tree's level, a draft model's catch-up) should attend through :func:`packed_sdpa_attention`.
+
+    With a 4D mask, which such a block always has, transformers' ``sdpa`` attention repeats every key/value head
+    once per query head (``repeat_kv``: a copy of the cache per layer) and runs the many-head kernel; packing the
+    query heads into the query length reads each key/value head once. On an AVX512-BF16 EPYC that took 2-4x less
+    time for 2-5 queries and 1.1-1.3x less for 17, in bfloat16 and float32 (docs/benchmarks.md). Measured per machine
+    and process (:func:`measure_gqa_attention` for the query count rounded up to a power of two, at
+    :data:`ATTENTION_CONTEXT` positions, inside the first forward that asks), cached per (kv heads, groups, head
+    size, dtype, thread count, bucket), and packed where its fastest run is under ``1 - MARGIN`` times the other's.
+    The same attention with other rounding (a verify forward already rounds otherwise than one-position forwards:
+    the near-tie bounds, :data:`NEAR_TIE_BOUNDS`).
+
+    Returns ``False`` without measuring outside 2..:data:`PACKED_MAX_QUERIES` queries and wherever
+    :func:`_gqa_key` keeps transformers' attention (not a CPU ``sdpa`` model with grouped-query heads)."""
+    if not 2 <= queries <= PACKED_MAX_QUERIES:
+        return False
+    key = _gqa_key(config, dtype, device, _bucket(queries))
+    if key is None:
+        return False
+    times = _packed_times(key)
+    return times[1] < (1 - MARGIN) * times[0]
+
+
+def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention function (``transformers.integrations.sdpa_attention``), except for several
+    queries of a grouped-query layer under a 4D mask shared by the heads: those run with the query heads packed
+    into the query length against the unrepeated keys and values (:func:`_pack_queries`), the mask repeated per
+    query head, instead of transformers' ``repeat_kv``. Registered in transformers' ``AttentionInterface`` as
+    :data:`PACKED_SDPA`; :func:`packed_attention` switches a model to it for one forward.
+
+    Args:
+        module: the attention layer (``num_key_value_groups`` query heads per key/value head).
+        query: ``[B, H, n, d]``; key, value: ``[B, H_kv, T, d]``.
+        attention_mask: ``[B or 1, 1, n, T]`` (boolean: True = attend, or additive float), or ``None``.
+        dropout, scaling, **kwargs: as transformers' ``sdpa_attention_forward`` takes them.
+
+    Returns:
+        ``(attn_output [B, n, H, d], None)``, as transformers' function returns it.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    n = query.shape[2]
+    if (groups > 1 and n > 1 and attention_mask is not None and attention_mask.dim() == 4
+            and attention_mask.shape[1] == 1 and not dropout and query.shape[1] == key.shape[1] * groups
+            and all(kwargs.get(name) is None for name in ("position_bias", "softcap", "s_aux", "sinks"))):
+        mask = attention_mask.repeat(1, 1, groups, 1)  # packed query (r, i) sees what query i sees
+        out = F.scaled_dot_product_attention(_pack_queries(query, groups), key, value, attn_mask=mask, scale=scaling)
+        return out.reshape(out.shape[0], query.shape[1], n, value.shape[-1]).transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _register_packed_sdpa() -> None:
+    """Register :func:`packed_sdpa_attention` (and transformers' sdpa mask builder) under :data:`PACKED_SDPA`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+
+
+@contextlib.contextmanager
+def packed_attention(model: torch.nn.Module):
+    """Inside the block, ``model``'s attention layers run :func:`packed_sdpa_attention` (its text config's
+    attention implementation reads :data:`PACKED_SDPA`, then its own again). For hf-spec's own forwards
+    (:class:`~hf_spec.ragged.RaggedCache`), which pass their 4D masks; another thread using the same model meanwhile
+    gets the same attention, computed by the same function."""
+    _register_packed_sdpa()
+    text = model.config.get_text_config()
+    previous = text._attn_implementation
+    text._attn_implementation = PACKED_SDPA
+    try:
+        yield
+    finally:
+        text._attn_implementation = previous
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,21 @@ This is the "per-row lengths" design (as in BASS, Qian et al. 2024, "BASS: Batch
 Speculative Sampling"), with the masking and position handling of ``transformers`` itself: the model gets
 ``attention_mask [B, T + n]`` and ``position_ids [B, n]``; ``transformers`` builds the causal mask.
 
-One exception: a one-position block (a plain decode step of the target, a draft model's drafting step) gets a
-4D mask built here where :func:`~hf_spec.kernels.one_query_mask_pays` measured it faster on this machine:
-without a mask, transformers' ``sdpa`` attention runs a grouped-query query through a CPU kernel that took 4-11x
-as long in bfloat16 (docs/benchmarks.md).
+Two exceptions, both for grouped-query models on the CPU, where the measured choice of
+:mod:`hf_spec.kernels` picks them on this machine (docs/benchmarks.md):
+
+- a one-position block (a plain decode step of the target, a draft model's drafting step) gets a 4D mask built
+  here (:func:`~hf_spec.kernels.one_query_mask_pays`): without a mask, transformers' ``sdpa`` attention runs a
+  grouped-query query through a CPU kernel that took 4-11x as long in bfloat16;
+- a block of 2..64 positions after cached ones (a verify forward, a draft tree's level, a draft model's catch-up)
+  gets a 4D mask built here and attends through :func:`~hf_spec.kernels.packed_sdpa_attention`
+  (:func:`~hf_spec.kernels.packed_attention_pays`), which reads each key/value head once instead of copying it per
+  query head as transformers' ``repeat_kv`` does: 2-4x less attention time for 2-5 positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -28,7 +35,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import ALL_CACHE_NAMES
 
-from .kernels import one_query_mask_pays
+from .kernels import one_query_mask_pays, packed_attention, packed_attention_pays
 
 __all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg"]
 
@@ -164,6 +171,7 @@ class RaggedCache:
         # a tree fed level by level (forward_nodes): its first slot, and which nodes each node sees
         self._nodes: tuple[int, torch.Tensor] | None = None
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
+        self._packed: dict[int, bool] = {}  # block size -> packed attention (_packed_attention)
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -271,8 +279,9 @@ class RaggedCache:
             key_positions = torch.cat([self.valid[:, :start].to(torch.long).cumsum(dim=1) - 1,
                                        self.lengths[:, None] + depth - 1], dim=1)
         mask = self._format_masks(model, seen, position_ids, key_positions)
-        return model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                     logits_to_keep=n, **{cache_kwarg(model): self.cache}, **model_kwargs)
+        with self._attention(model, n, start > 0):
+            return model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                         logits_to_keep=n, **{cache_kwarg(model): self.cache}, **model_kwargs)
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 parents: torch.Tensor | None = None, **model_kwargs):
@@ -309,13 +318,16 @@ class RaggedCache:
             offsets, within = self._tree(model, parents.to(self.valid.device), block_valid)
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
+        n, cached = block.shape[1], self.valid.shape[1] > 0
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        if self.window is None and within is None and not (block.shape[1] == 1 and self._one_query_mask(model)):
+        packed = cached and self._packed_attention(model, n)
+        if self.window is None and within is None and not packed and not (n == 1 and self._one_query_mask(model)):
             mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
             mask = self._masks(model, position_ids, within)
-        out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                    logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
+        with self._attention(model, n, cached):
+            out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                        logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
         return out
 
@@ -326,6 +338,20 @@ class RaggedCache:
         if self._one_query is None:
             self._one_query = one_query_mask_pays(model.config, model.dtype, self.valid.device)
         return self._one_query
+
+    def _packed_attention(self, model, n: int) -> bool:
+        """Whether a block of ``n`` positions after cached ones attends through packed grouped-query attention
+        (:func:`~hf_spec.kernels.packed_attention_pays`, with the 4D mask built here), decided once per cache and
+        block size."""
+        choice = self._packed.get(n)
+        if choice is None:
+            choice = self._packed[n] = packed_attention_pays(model.config, model.dtype, self.valid.device, n)
+        return choice
+
+    def _attention(self, model, n: int, cached: bool):
+        """The context a forward of ``n`` positions runs in: :func:`~hf_spec.kernels.packed_attention` where
+        :meth:`_packed_attention` chose it (the block follows cached positions), else nothing."""
+        return packed_attention(model) if cached and self._packed_attention(model, n) else contextlib.nullcontext()
 
     @staticmethod
     def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,15 +18,14 @@ import statistics
 from typing import Callable, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from .device import clock
 from .kernels import install_verify_linear, verify_linear
-from .ragged import cache_kwarg, crop_cache_to
+from .ragged import RaggedCache
 
 __all__ = ["expected_tokens_per_step", "expected_speedup", "best_k", "conditional_acceptance", "in_loop_costs",
            "expected_speedups",
-           "measure_forward_times", "measure_verify_cost", "measure_cost_ratio", "tree_attention"]
+           "measure_forward_times", "measure_verify_cost", "measure_cost_ratio"]
 
 
 def _acceptance(acceptance: float | Sequence[float], k: int) -> list[float]:
@@ -154,29 +153,6 @@ def expected_speedups(acceptance, c: Sequence[float], verify: Sequence[float]) -
     return {k: expected_speedup(acceptance, k, c[k - 1], verify) for k in range(1, len(c) + 1)}
 
 
-def tree_attention(n: int, past: int, device=None) -> tuple[torch.Tensor, torch.LongTensor]:
-    """A tree of ``n`` verify positions after ``past`` cached ones, as a model forward takes it: node 0 is the
-    last accepted token, node i > 0 the child of node (i - 1) // 2 (a binary tree in breadth-first order; a
-    tree forward's cost depends on its node count and on the explicit mask, hardly on its shape).
-
-    Returns:
-        ``(mask BoolTensor[1, 1, n, past + n], position_ids LongTensor[1, n])``: each node sees the cache, its
-        ancestors and itself, at position ``past + depth``.
-    """
-    parent = [-1] + [(i - 1) // 2 for i in range(1, n)]
-    depth = [0] * n
-    mask = torch.zeros(n, past + n, dtype=torch.bool)
-    mask[:, :past] = True
-    for i in range(n):
-        depth[i] = depth[parent[i]] + 1 if i else 0
-        j = i
-        while j >= 0:
-            mask[i, past + j] = True
-            j = parent[j]
-    positions = torch.tensor([past + d for d in depth], dtype=torch.long)
-    return mask[None, None].to(device), positions[None].to(device)
-
-
 @torch.no_grad()
 def measure_forward_times(
     model, input_ids: torch.LongTensor, positions: Sequence[int], repeats: int = 5, use_verify_linear: bool = True,
@@ -184,30 +160,34 @@ def measure_forward_times(
 ) -> dict[int, float]:
     """Median wall time (seconds) of one forward of ``model`` over n new positions after a cache holding
     ``input_ids`` (``LongTensor[1, L]``, prefilled once), for each n in ``positions``: n = 1 is a decode step,
-    n > 1 a verify forward. With ``use_verify_linear`` (float32 CPU models), n > 1 runs inside
-    :func:`~hf_spec.kernels.verify_linear`, as the loop does; without, through torch's ``F.linear``. With
-    ``tree``, the n positions form a tree (:func:`tree_attention`: an explicit 4D mask) instead of a chain.
-    Every clock read waits for the device (:func:`hf_spec.device.clock`), so CUDA times are real."""
-    cache = DynamicCache(config=model.config)
-    cache_kw = cache_kwarg(model)
-    model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-    length = input_ids.shape[1]
+    n > 1 a verify forward. Each forward is the loop's own (:meth:`hf_spec.ragged.RaggedCache.forward`: its masks
+    and the attention path measured for this machine, :mod:`hf_spec.kernels`). With ``use_verify_linear`` (float32
+    CPU models), n > 1 runs inside :func:`~hf_spec.kernels.verify_linear`, as the loop does; without, through
+    torch's ``F.linear``. With ``tree``, the n positions are the last accepted token and a binary tree of n - 1
+    draft nodes under it (block slot i's parent is slot (i - 1) // 2, breadth first: a tree forward's cost depends
+    on its node count and on the tree attention mask, hardly on its shape) instead of a chain. Every clock read
+    waits for the device (:func:`hf_spec.device.clock`), so CUDA times are real.
+
+    Raises:
+        ValueError: ``tree`` for a model whose attention implementation takes no custom 4D mask."""
+    ragged = RaggedCache(model.config, 1, input_ids.device)
+    ragged.forward(model, input_ids)
+    length = torch.tensor([input_ids.shape[1]])
     if model.device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)
     times = {}
     for n in positions:
-        block = input_ids[:, -n:] if n <= length else input_ids[:, :1].repeat(1, n)
-        extra = {}
-        if tree and n > 1:
-            mask, position_ids = tree_attention(n, length, input_ids.device)
-            extra = {"attention_mask": mask, "position_ids": position_ids}
+        block = input_ids[:, -n:] if n <= input_ids.shape[1] else input_ids[:, :1].repeat(1, n)
+        # block slot j's parent is slot (j - 1) // 2, which is node (j - 1) // 2 - 1 (-1: the root, slot 0)
+        parents = torch.tensor([[(j - 1) // 2 - 1 for j in range(1, n)]], device=input_ids.device) \
+            if tree and n > 1 else None
         runs = []
         for _ in range(repeats + 1):  # the first run warms up
             t0 = clock(model.device)
             with verify_linear(use_verify_linear and n > 1):
-                model(input_ids=block, use_cache=True, logits_to_keep=n, **{cache_kw: cache}, **extra)
+                ragged.forward(model, block, logits_to_keep=n, parents=parents)
             runs.append(clock(model.device) - t0)
-            crop_cache_to(cache, length)
+            ragged.truncate(length)
         times[n] = statistics.median(runs[1:])
     return times
 

@@ -5,7 +5,7 @@ preinstalled, nothing downloadable, no real checkpoint carried): within 8 minute
    target, Qwen2.5-Coder-0.5B-Instruct draft, Qwen2.5-7B-Instruct), in bfloat16, every clock read after
    ``torch.cuda.synchronize`` (:func:`hf_spec.device.clock`), medians of repeats after a warm-up:
    the verify cost T_verify(n)/T_1 for n = 1..16 new positions after a 256-token cache, as a chain (causal)
-   and as a tree (:func:`hf_spec.tuning.tree_attention`: an explicit 4D mask), and the draft cost c
+   and as a tree (the root and a binary tree under it, the loop's tree attention mask), and the draft cost c
    (per drafted token, over one target decode step) of the 0.5B draft, Medusa heads (random, shared
    ``lm_head``) and n-gram lookup; AWQ-INT4 only where gptqmodel imports (else one line says it is skipped);
 2. prints the speedup that hf-spec's speedup model (:func:`hf_spec.tuning.expected_speedup`, checked against
@@ -258,8 +258,8 @@ def markdown(result: dict) -> str:
             for kind in ("chain", "tree"):
                 lines.append(f"| {name} | {m['t1_s'] * 1000:.2f} ms | {kind} | "
                              + " | ".join(f"{v:.2f}" for v in m[f"verify_{kind}"]) + " |")
-        lines += ["", "Tree: n nodes of a binary tree in breadth-first order under an explicit 4D mask "
-                  "(`hf_spec.tuning.tree_attention`); hf-spec verifies chains, so the prediction below uses the chain costs.", ""]
+        lines += ["", "Tree: the root and a binary tree of n - 1 nodes in breadth-first order under the loop's tree "
+                  "attention mask (`hf_spec.tuning.measure_forward_times`); the prediction below uses the chain costs.", ""]
         lines += ["## Predicted speedup (GPU costs, CPU acceptance)", "",
                   "| target | method | acceptance by position (CPU, conditional) | c (GPU) | T_verify(k+1)/T_1 (GPU) | "
                   "predicted speedup by k (GPU) | best k | CPU: c, T_verify(4)/T_1, measured decode speedup at k=3 |",

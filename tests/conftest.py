@@ -39,6 +39,19 @@ def full_length_drafts(request, monkeypatch):
         monkeypatch.setattr("hf_spec.drafters.draft_model.DEFAULT_CONFIDENCE_THRESHOLD", 0.0)
 
 
+@pytest.fixture(params=["transformers", "hf-spec"])
+def attention_path(request, monkeypatch):
+    """Runs a test of RaggedCache's forwards once on each attention path: ``"transformers"`` (its own sdpa
+    attention: no 4D mask for one query, ``repeat_kv`` for several) and ``"hf-spec"`` (one query with a 4D mask,
+    several queries packed where the model can take it: :func:`hf_spec.kernels.packed_attention_pays`). On a real
+    machine the choice is measured; here the measurement says which is faster, and the one-query choice is forced
+    (float32 never takes it). Both must compute the row's own attention. Returns whether hf-spec's path is on."""
+    on = request.param == "hf-spec"
+    monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: on)
+    monkeypatch.setattr("hf_spec.kernels._packed_times", lambda key: (1.0, 0.1) if on else (0.1, 1.0))
+    return on
+
+
 def layer_skip_copy(model, keep: list[int]):
     """A draft built from the target's own weights with only the ``keep`` layers (a real-weight, weak draft)."""
     draft = copy.deepcopy(model)

@@ -36,13 +36,11 @@ def left_pad(prompts, pad=1):
     return ids, mask
 
 
-@pytest.mark.parametrize("one_query_mask", [False, True])
 @torch.no_grad()
-def test_ragged_cache_rows_see_exactly_their_own_sequence(monkeypatch, one_query_mask):
+def test_ragged_cache_rows_see_exactly_their_own_sequence(attention_path):
     """Feed a padded batch, then blocks with filler, roll back some tokens per row, feed again: each row's
-    logits equal a plain forward over that row's true sequence; one-position blocks with the 2D mask and with
-    the 4D one (kernels.one_query_mask_pays, forced either way: on a real machine it is measured)."""
-    monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: one_query_mask)
+    logits equal a plain forward over that row's true sequence, on transformers' attention path and on hf-spec's
+    (one-position blocks with a 4D mask, several positions packed; conftest.attention_path)."""
     model = tiny_llama(vocab_size=V, seed=5)
     ids, mask = left_pad(PROMPTS)
     ragged = RaggedCache(model.config, 3, "cpu")
@@ -70,29 +68,41 @@ def test_ragged_cache_rows_see_exactly_their_own_sequence(monkeypatch, one_query
         torch.testing.assert_close(out[i], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("one_query_mask", [False, True])
 @torch.no_grad()
-def test_one_position_forwards_take_the_measured_attention_path(monkeypatch, one_query_mask):
-    """A one-position block (a plain step, a draft model's drafting step) of a row without holes: transformers'
-    sdpa attention gets no mask, and so runs grouped-query attention with ``enable_gqa``, unless the measured
-    choice (kernels.one_query_mask_pays) gave it a 4D mask; either way the logits are those of the row alone."""
+def test_forwards_take_the_measured_attention_path(monkeypatch, attention_path):
+    """A row without holes. A one-position block (a plain step, a draft model's drafting step): transformers' sdpa
+    attention gets no mask, and so runs grouped-query attention with ``enable_gqa``, unless the measured choice
+    (kernels.one_query_mask_pays) gave it a 4D mask. A block of several positions after cached ones (a verify
+    forward): transformers repeats each key/value head per query head, unless the measured choice
+    (kernels.packed_attention_pays) packed the query heads into the query length. Either way the logits are those
+    of the row alone, and the model's attention implementation is its own again afterwards."""
     from transformers.integrations import sdpa_attention
 
-    model = tiny_llama(vocab_size=V, seed=5)  # 4 query heads over 2 key/value heads
-    seen = []
+    model = tiny_llama(vocab_size=V, seed=5)  # 4 query heads over 2 key/value heads of size 8
+    seen, shapes = [], []
     real = sdpa_attention.use_gqa_in_sdpa
     monkeypatch.setattr(sdpa_attention, "use_gqa_in_sdpa", lambda m, k, v: seen.append((m is None, real(m, k, v)))
                         or seen[-1][1])
-    monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: one_query_mask)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: shapes.append((tuple(q.shape), k.shape[1])) or sdpa(q, k, v, **kw))
     ragged = RaggedCache(model.config, 1, "cpu")
     seq = [0, 4, 7, 2, 5]
     ragged.forward(model, torch.tensor([seq]))
+    layers = model.config.num_hidden_layers
     for token in (3, 8, 6):
         seen.clear()
         seq.append(token)
         out = ragged.forward(model, torch.tensor([[token]])).logits[0, -1]
-        assert seen == [(not one_query_mask, not one_query_mask)] * model.config.num_hidden_layers
+        assert seen == [(not attention_path, not attention_path)] * layers
         torch.testing.assert_close(out, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-5, rtol=1e-5)
+    shapes.clear()
+    block = [9, 3, 4]
+    out = ragged.forward(model, torch.tensor([block]), logits_to_keep=3).logits[0]
+    # packed: [B, kv heads, groups x 3 queries, d] against 2 key/value heads; else 4 heads of 3 queries against 4
+    assert shapes == [((1, 2, 6, 8), 2) if attention_path else ((1, 4, 3, 8), 4)] * layers
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(out, model(input_ids=torch.tensor([seq + block])).logits[0, -3:], atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -173,25 +173,31 @@ def test_load_maps_cpu_to_from_pretrained_default(monkeypatch, tmp_path):
     assert seen == [None, None, None, "auto", "cuda:0"]
 
 
-def test_tree_attention_scores_each_node_on_its_path():
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+def test_forward_times_are_measured_on_the_loops_forwards(monkeypatch):
+    """measure_forward_times runs RaggedCache.forward, the loop's own forward (its masks, its attention path): a
+    chain of n positions, or the root and a binary tree of n - 1 nodes under it, each rolled back after its run."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_spec.ragged import cache_kwarg
-    from hf_spec.tuning import tree_attention
+    from hf_spec.ragged import RaggedCache
+    from hf_spec.tuning import measure_forward_times
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100)).eval()
-    context, nodes = torch.randint(0, 100, (1, 9)), torch.randint(0, 100, (1, 7))
-    cache = DynamicCache(config=model.config)
-    kw = {cache_kwarg(model): cache}
-    with torch.no_grad():
-        model(input_ids=context, use_cache=True, **kw)
-        mask, positions = tree_attention(7, 9)
-        tree = model(input_ids=nodes, attention_mask=mask, position_ids=positions, use_cache=True, **kw).logits[0]
-        for node, path in ((0, [0]), (4, [0, 1, 4]), (6, [0, 2, 6])):
-            ref = model(input_ids=torch.cat([context, nodes[:, path]], dim=1)).logits[0, -1]
-            torch.testing.assert_close(tree[node], ref, atol=1e-5, rtol=1e-5)
+    context = torch.randint(0, 100, (1, 9))
+    calls = []
+    forward = RaggedCache.forward
+
+    def spy(self, model, block, *args, parents=None, **kwargs):
+        calls.append((self.lengths.tolist(), block.shape[1], None if parents is None else parents.tolist()))
+        return forward(self, model, block, *args, parents=parents, **kwargs)
+
+    monkeypatch.setattr(RaggedCache, "forward", spy)
+    for tree in (False, True):
+        calls.clear()
+        assert set(measure_forward_times(model, context, [1, 7], repeats=1, tree=tree)) == {1, 7}
+        assert calls[0] == ([0], 9, None)  # the prefill
+        assert calls[1:] == [([9], 1, None)] * 2 + [([9], 7, [[-1, -1, 0, 0, 1, 1]] if tree else None)] * 2
 
 
 def _gpu_check(*args, timeout=120):

@@ -284,15 +284,15 @@ def test_one_query_attention_form_is_chosen_by_measuring_it(monkeypatch, enable_
     (kv heads, groups, head size, dtype), only for half-precision CPU sdpa models with grouped-query heads."""
     timed = []
     monkeypatch.setattr(kernels, "time_attention", lambda name, fn: timed.append((name, tuple(fn().shape))) or
-                        {"enable_gqa": enable_gqa_s, "packed": packed_s}[name])
+                        {"transformers": enable_gqa_s, "packed": packed_s}[name])
     monkeypatch.setattr(kernels, "_ATTENTION_MEASURED", {})
     config = tiny_llama().config  # 4 query heads over 2 key/value heads of size 8, sdpa
     assert config._attn_implementation == "sdpa"
     assert one_query_mask_pays(config, torch.bfloat16, "cpu") is mask
     assert one_query_mask_pays(config, torch.bfloat16, "cpu") is mask  # cached: no second measurement
     runs = 1 + 6 * kernels.REPEATS
-    assert sorted(set(timed)) == [("enable_gqa", (1, 4, 1, 8)), ("packed", (1, 2, 2, 8))] and len(timed) == 2 * runs
-    assert measured_attention() == {(2, 2, 8, torch.bfloat16, torch.get_num_threads()): (enable_gqa_s, packed_s)}
+    assert sorted(set(timed)) == [("packed", (1, 2, 2, 8)), ("transformers", (1, 4, 1, 8))] and len(timed) == 2 * runs
+    assert measured_attention() == {(2, 2, 8, torch.bfloat16, torch.get_num_threads(), 1): (enable_gqa_s, packed_s)}
     timed.clear()
     assert one_query_mask_pays(config, torch.float16, "cpu") is mask and len(timed) == 2 * runs  # per dtype
     timed.clear()
@@ -320,12 +320,85 @@ def test_one_query_attention_forms_compute_the_same():
     torch.testing.assert_close(packed.reshape(plain.shape), plain)
 
 
+@pytest.mark.parametrize("transformers_s, packed_s, packed", [(1.0, 0.85, True), (1.0, 0.95, False)])
+def test_packed_attention_is_chosen_by_measuring_it(monkeypatch, transformers_s, packed_s, packed):
+    """A block of 2..64 queries attends packed where that measured under 1 - MARGIN of transformers' repeat_kv form,
+    in float32 as in half precision; measured once per power-of-two bucket of the query count, CPU sdpa models with
+    grouped-query heads only."""
+    timed = []
+    monkeypatch.setattr(kernels, "time_attention", lambda name, fn: timed.append((name, tuple(fn().shape))) or
+                        {"transformers": transformers_s, "packed": packed_s}[name])
+    monkeypatch.setattr(kernels, "_ATTENTION_MEASURED", {})
+    config = tiny_llama().config  # 4 query heads over 2 key/value heads of size 8, sdpa
+    runs = 1 + 6 * kernels.REPEATS
+    for dtype in (torch.float32, torch.bfloat16):
+        timed.clear()
+        assert kernels.packed_attention_pays(config, dtype, "cpu", 3) is packed
+        assert sorted(set(timed)) == [("packed", (1, 2, 8, 8)), ("transformers", (1, 4, 4, 8))]  # 3 -> bucket 4
+        assert len(timed) == 2 * runs
+        timed.clear()
+        assert kernels.packed_attention_pays(config, dtype, "cpu", 4) is packed and not timed  # same bucket: cached
+    assert set(measured_attention()) == {(2, 2, 8, dtype, torch.get_num_threads(), 4)
+                                         for dtype in (torch.float32, torch.bfloat16)}
+    assert not kernels.packed_attention_pays(config, torch.float32, "cpu", 1)  # one query: one_query_mask_pays
+    assert not kernels.packed_attention_pays(config, torch.float32, "cpu", kernels.PACKED_MAX_QUERIES + 1)  # a prompt
+    assert not kernels.packed_attention_pays(config, torch.float32, "cuda", 4)
+    mha = tiny_llama().config
+    mha.num_key_value_heads = mha.num_attention_heads
+    assert not kernels.packed_attention_pays(mha, torch.float32, "cpu", 4)
+    eager = tiny_llama().config
+    eager._attn_implementation = "eager"
+    assert not kernels.packed_attention_pays(eager, torch.float32, "cpu", 4)
+    assert len(timed) == 0
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "none", "per-head"])
+def test_packed_sdpa_attention_computes_transformers_sdpa_attention(groups, mask_kind):
+    """packed_sdpa_attention returns what transformers' sdpa_attention_forward returns, for several queries under a
+    4D mask (boolean or additive, broadcast over the batch or per row, holes included), and hands every other case
+    (no mask, a mask per head, one query) to transformers' function itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = groups, True
+    b, kv, n, t, d = 2, 2, 5, 12, 8
+    q, k, v = torch.randn(b, kv * groups, n, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
+    seen = torch.rand(b, 1, n, t) > 0.3
+    seen[..., 0] = True
+    mask = {"bool": seen, "float": torch.zeros(b, 1, n, t).masked_fill(~seen, torch.finfo(torch.float32).min),
+            "none": None, "per-head": seen.expand(b, kv * groups, n, t)}[mask_kind]
+    for queries in (n, 1):
+        expected, _ = sdpa_attention_forward(module, q[:, :, :queries], k, v,
+                                             None if mask is None else mask[:, :, :queries], scaling=0.3)
+        got, _ = kernels.packed_sdpa_attention(module, q[:, :, :queries], k, v,
+                                               None if mask is None else mask[:, :, :queries], scaling=0.3)
+        assert got.shape == (b, queries, kv * groups, d)
+        torch.testing.assert_close(got, expected)
+
+
+def test_packed_attention_switches_the_model_for_the_block_only():
+    """Inside packed_attention the model's layers run packed_sdpa_attention (their config names it); after the block,
+    an exception included, the model's own implementation again."""
+    model = tiny_llama()
+    with kernels.packed_attention(model):
+        assert model.config._attn_implementation == kernels.PACKED_SDPA
+        model(input_ids=torch.tensor([[0, 3, 5]]))  # transformers finds the function and its mask builder
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="inside"):
+        with kernels.packed_attention(model):
+            raise RuntimeError("inside")
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_measurements_leave_the_global_generator_alone():
     """Both measurements run inside a generate call, where the global generator is the sampler's: a seeded
     call must sample the same whether or not a measurement happened in it."""
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    kernels.measure_one_query_attention(2, 2, 8, torch.bfloat16, context=16, repeats=1)
+    kernels.measure_gqa_attention(2, 2, 8, torch.bfloat16, context=16, repeats=1)
+    kernels.measure_gqa_attention(2, 2, 8, torch.float32, queries=4, context=16, repeats=1)
     kernels.measure_forms(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), 2, repeats=1)
     assert torch.equal(torch.rand(3), expected)

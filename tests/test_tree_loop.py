@@ -150,7 +150,7 @@ def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
     assert runs[20][0].num_target_forwards < runs[0][0].num_target_forwards  # the batch
 
 
-def test_draft_model_tree_levels_see_their_ancestors_only():
+def test_draft_model_tree_levels_see_their_ancestors_only(attention_path):
     """RaggedCache.forward_nodes: a node fed in a later level gets the logits of its own path, fed as a sequence
     (each level's nodes see the prefix and their ancestors, at their depth's position), and the nodes leave the
     cache with truncate."""

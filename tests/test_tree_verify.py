@@ -31,7 +31,7 @@ def _root_path(parents, j):
 
 @pytest.mark.parametrize("make", [lambda: tiny_llama(), lambda: tiny_mistral(4)], ids=["llama", "mistral-window-4"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_tree_forward_equals_each_root_path_and_keep_path_keeps_it(make, attn):
+def test_tree_forward_equals_each_root_path_and_keep_path_keeps_it(make, attn, attention_path):
     model = make()
     model.set_attn_implementation(attn)
     prompts = [[0, 5, 9, 5, 9, 5, 3, 7], [0, 7, 3, 7, 3, 2, 4, 6]]
