@@ -54,7 +54,7 @@ __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "
            "quantize_draft_int4", "is_int4_draft", "draft_kind",
            "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS",
            "measure_gqa_attention", "one_query_mask_pays", "measured_attention", "packed_attention_pays",
-           "packed_sdpa_attention", "packed_attention", "PACKED_SDPA"]
+           "packed_sdpa_attention", "packed_attention", "measure_attention_choices"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -166,8 +166,10 @@ PACKED_MAX_QUERIES = 64
 #: (key/value heads, query heads per key/value head, head size, dtype, threads, queries bucket) ->
 #: (transformers' form s, packed s)
 _ATTENTION_MEASURED: dict[tuple, tuple[float, float]] = {}
-#: the attention implementation :func:`packed_attention` names in a model's config while it runs
-PACKED_SDPA = "hf_spec_packed_sdpa"
+#: the query-count buckets measured in a prompt's forward (:func:`measure_attention_choices`)
+PACKED_BUCKETS = (2, 4, 8, 16, 32, 64)
+#: whether this thread is inside :func:`packed_attention`
+_ATTENTION_STATE = threading.local()
 
 
 def time_attention(name: str, fn: Callable[[], torch.Tensor]) -> float:
@@ -205,16 +207,15 @@ def measure_gqa_attention(kv_heads: int, groups: int, head_dim: int, dtype: torc
     v = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, generator=g)
     mask = torch.ones(1, 1, queries, context, dtype=torch.bool)
     mask[0, 0, :, context - queries:] = torch.ones(queries, queries, dtype=torch.bool).tril()
-    packed = _pack_queries(q, groups)
-    packed_mask = mask.repeat(1, 1, groups, 1)
-    if queries == 1:
+    if queries == 1:  # transformers' own two forms (its pack_gqa broadcasts the one mask row over the heads)
         plain = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-    else:
+        packed = lambda: F.scaled_dot_product_attention(_pack_queries(q, groups), k, v, attn_mask=mask)  # noqa: E731
+    else:  # each timed with the copies it makes per layer (repeat_kv's; the packed query and mask)
         plain = lambda: F.scaled_dot_product_attention(  # noqa: E731
             q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), attn_mask=mask)
-    fastest = _fastest({"transformers": plain,
-                        "packed": lambda: F.scaled_dot_product_attention(packed, k, v, attn_mask=packed_mask)},
-                       repeats, time_attention)
+        packed = lambda: F.scaled_dot_product_attention(  # noqa: E731
+            _pack_queries(q, groups), k, v, attn_mask=mask.repeat(1, 1, groups, 1))
+    fastest = _fastest({"transformers": plain, "packed": packed}, repeats, time_attention)
     return fastest["transformers"], fastest["packed"]
 
 
@@ -243,7 +244,21 @@ def _gqa_key(config, dtype: torch.dtype, device, queries: int) -> tuple | None:
 
 
 def _packed_times(key: tuple) -> tuple[float, float]:
-    return _measured_once(_ATTENTION_MEASURED, key, lambda: measure_gqa_attention(*key[:4], queries=key[5]))
+    """The measurement of ``key`` (:func:`_gqa_key`): 30 runs of each form for one query, whose forms differ more
+    from machine to machine, 10 for several."""
+    repeats = 6 * REPEATS if key[5] == 1 else 2 * REPEATS
+    return _measured_once(_ATTENTION_MEASURED, key,
+                          lambda: measure_gqa_attention(*key[:4], queries=key[5], repeats=repeats))
+
+
+def measure_attention_choices(config, dtype: torch.dtype, device) -> None:
+    """Make :func:`one_query_mask_pays` and :func:`packed_attention_pays` (every bucket of
+    :data:`PACKED_BUCKETS`) measure now, where they have not yet for this model's shapes: a prompt's forward calls
+    it, so that the measurements (~0.1 s for Qwen2.5-Coder-1.5B's shapes here) count in the time to the first
+    token and not inside a decoding step that adaptive k times."""
+    one_query_mask_pays(config, dtype, device)
+    for queries in PACKED_BUCKETS:
+        packed_attention_pays(config, dtype, device, queries)
 
 
 def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
@@ -288,7 +303,8 @@ def packed_attention_pays(config, dtype: torch.dtype, device, queries: int) -> b
     the near-tie bounds, :data:`NEAR_TIE_BOUNDS`).
 
     Returns ``False`` without measuring outside 2..:data:`PACKED_MAX_QUERIES` queries and wherever
-    :func:`_gqa_key` keeps transformers' attention (not a CPU ``sdpa`` model with grouped-query heads)."""
+    :func:`_gqa_key` keeps transformers' attention (not a CPU ``sdpa`` model with grouped-query heads). Where it
+    returns ``True``, :class:`~hf_spec.ragged.RaggedCache` runs the forward inside :func:`packed_attention`."""
     if not 2 <= queries <= PACKED_MAX_QUERIES:
         return False
     key = _gqa_key(config, dtype, device, _bucket(queries))
@@ -304,8 +320,7 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     """transformers' ``sdpa`` attention function (``transformers.integrations.sdpa_attention``), except for several
     queries of a grouped-query layer under a 4D mask shared by the heads: those run with the query heads packed
     into the query length against the unrepeated keys and values (:func:`_pack_queries`), the mask repeated per
-    query head, instead of transformers' ``repeat_kv``. Registered in transformers' ``AttentionInterface`` as
-    :data:`PACKED_SDPA`; :func:`packed_attention` switches a model to it for one forward.
+    query head, instead of transformers' ``repeat_kv``. The attention that runs inside :func:`packed_attention`.
 
     Args:
         module: the attention layer (``num_key_value_groups`` query heads per key/value head).
@@ -330,30 +345,48 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
                                   **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
-def _register_packed_sdpa() -> None:
-    """Register :func:`packed_sdpa_attention` (and transformers' sdpa mask builder) under :data:`PACKED_SDPA`."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+def _sdpa_router(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, **kwargs):
+    """transformers' ``sdpa`` attention as :func:`_install_router` registers it: :func:`packed_sdpa_attention` inside
+    :func:`packed_attention` on this thread, transformers' own ``sdpa_attention_forward`` everywhere else."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
-    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+    attend = packed_sdpa_attention if getattr(_ATTENTION_STATE, "packed", False) else sdpa_attention_forward
+    return attend(module, query, key, value, attention_mask, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _install_router() -> bool:
+    """Register :func:`_sdpa_router` as the ``sdpa`` attention function in transformers' ``AttentionInterface`` (its
+    documented way to supply attention functions; every model that looks ``"sdpa"`` up then calls the router,
+    which outside :func:`packed_attention` calls transformers' function as is). Only over transformers' own
+    function: where something else registered ``"sdpa"`` it stays, and nothing is packed. Whether the router is
+    in place."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    current = ALL_ATTENTION_FUNCTIONS.get("sdpa")
+    if current is not sdpa_attention_forward and current is not _sdpa_router:
+        return False
+    AttentionInterface.register("sdpa", _sdpa_router)
+    return True
 
 
 @contextlib.contextmanager
-def packed_attention(model: torch.nn.Module):
-    """Inside the block, ``model``'s attention layers run :func:`packed_sdpa_attention` (its text config's
-    attention implementation reads :data:`PACKED_SDPA`, then its own again). For hf-spec's own forwards
-    (:class:`~hf_spec.ragged.RaggedCache`), which pass their 4D masks; another thread using the same model meanwhile
-    gets the same attention, computed by the same function."""
-    _register_packed_sdpa()
-    text = model.config.get_text_config()
-    previous = text._attn_implementation
-    text._attn_implementation = PACKED_SDPA
+def packed_attention():
+    """Inside the block, on this thread only, transformers' ``sdpa`` attention runs as
+    :func:`packed_sdpa_attention`: several queries of a grouped-query layer under a 4D mask shared by the heads (the
+    masks :class:`~hf_spec.ragged.RaggedCache` passes) attend packed; everything else as transformers computes it.
+    No model or config changes (other threads, and this one after the block, see transformers' function). Nothing
+    is packed where another ``sdpa`` function was registered (:func:`_install_router`)."""
+    _install_router()
+    previous = getattr(_ATTENTION_STATE, "packed", False)
+    _ATTENTION_STATE.packed = True
     try:
         yield
     finally:
-        text._attn_implementation = previous
+        _ATTENTION_STATE.packed = previous
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import ALL_CACHE_NAMES
 
-from .kernels import one_query_mask_pays, packed_attention, packed_attention_pays
+from .kernels import measure_attention_choices, one_query_mask_pays, packed_attention, packed_attention_pays
 
 __all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg"]
 
@@ -319,6 +319,8 @@ class RaggedCache:
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         n, cached = block.shape[1], self.valid.shape[1] > 0
+        if not cached:  # a prompt: the attention choices are measured here, not inside a timed decoding step
+            measure_attention_choices(model.config, model.dtype, self.valid.device)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
         packed = cached and self._packed_attention(model, n)
         if self.window is None and within is None and not packed and not (n == 1 and self._one_query_mask(model)):
@@ -351,7 +353,7 @@ class RaggedCache:
     def _attention(self, model, n: int, cached: bool):
         """The context a forward of ``n`` positions runs in: :func:`~hf_spec.kernels.packed_attention` where
         :meth:`_packed_attention` chose it (the block follows cached positions), else nothing."""
-        return packed_attention(model) if cached and self._packed_attention(model, n) else contextlib.nullcontext()
+        return packed_attention() if cached and self._packed_attention(model, n) else contextlib.nullcontext()
 
     @staticmethod
     def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

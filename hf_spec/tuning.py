@@ -169,7 +169,9 @@ def measure_forward_times(
     waits for the device (:func:`hf_spec.device.clock`), so CUDA times are real.
 
     Raises:
-        ValueError: ``tree`` for a model whose attention implementation takes no custom 4D mask."""
+        ValueError: what :class:`~hf_spec.ragged.RaggedCache` refuses (a model with layers other than full and
+            sliding-window attention; a sliding-window model whose attention is not ``sdpa`` or ``eager``), and
+            ``tree`` for a model whose attention implementation takes no custom 4D mask."""
     ragged = RaggedCache(model.config, 1, input_ids.device)
     ragged.forward(model, input_ids)
     length = torch.tensor([input_ids.shape[1]])

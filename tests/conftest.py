@@ -45,11 +45,16 @@ def attention_path(request, monkeypatch):
     attention: no 4D mask for one query, ``repeat_kv`` for several) and ``"hf-spec"`` (one query with a 4D mask,
     several queries packed where the model can take it: :func:`hf_spec.kernels.packed_attention_pays`). On a real
     machine the choice is measured; here the measurement says which is faster, and the one-query choice is forced
-    (float32 never takes it). Both must compute the row's own attention. Returns whether hf-spec's path is on."""
+    (float32 never takes it). Both must compute the row's own attention. Returns ``(on, packed)``: whether hf-spec's
+    path is on, and a list that gets one entry per layer forward that packed its query heads."""
+    from hf_spec import kernels
+
     on = request.param == "hf-spec"
     monkeypatch.setattr("hf_spec.ragged.one_query_mask_pays", lambda config, dtype, device: on)
-    monkeypatch.setattr("hf_spec.kernels._packed_times", lambda key: (1.0, 0.1) if on else (0.1, 1.0))
-    return on
+    monkeypatch.setattr(kernels, "_packed_times", lambda key: (1.0, 0.1) if on else (0.1, 1.0))
+    packed, pack = [], kernels._pack_queries
+    monkeypatch.setattr(kernels, "_pack_queries", lambda q, groups: packed.append(q.shape) or pack(q, groups))
+    return on, packed
 
 
 def layer_skip_copy(model, keep: list[int]):

@@ -48,9 +48,14 @@ def test_ragged_cache_rows_see_exactly_their_own_sequence(attention_path):
     seqs = [list(p) for p in PROMPTS]
     block = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 2], [5, 5, 5, 5]])
     real = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)  # filler at the tail
-    ragged.forward(model, block, real, logits_to_keep=4)
+    logits = ragged.forward(model, block, real, logits_to_keep=4).logits
     for b in range(3):
+        for i in range(int(real[b].sum())):  # each real position's logits are those of its row alone
+            alone = model(input_ids=torch.tensor([seqs[b] + block[b, :i + 1].tolist()])).logits[0, -1]
+            torch.testing.assert_close(logits[b, i], alone, atol=1e-5, rtol=1e-5)
         seqs[b] += block[b, : int(real[b].sum())].tolist()
+    on, packed = attention_path
+    assert bool(packed) == on  # the 4-position block packed its query heads on hf-spec's path
     keep = torch.tensor([len(seqs[0]) - 2, len(seqs[1]), len(seqs[2]) - 1])  # roll back 2, 0, 1 tokens
     ragged.truncate(keep)
     seqs = [s[: int(n)] for s, n in zip(seqs, keep)]
@@ -94,13 +99,13 @@ def test_forwards_take_the_measured_attention_path(monkeypatch, attention_path):
         seen.clear()
         seq.append(token)
         out = ragged.forward(model, torch.tensor([[token]])).logits[0, -1]
-        assert seen == [(not attention_path, not attention_path)] * layers
+        assert seen == [(not attention_path[0], not attention_path[0])] * layers
         torch.testing.assert_close(out, model(input_ids=torch.tensor([seq])).logits[0, -1], atol=1e-5, rtol=1e-5)
     shapes.clear()
     block = [9, 3, 4]
     out = ragged.forward(model, torch.tensor([block]), logits_to_keep=3).logits[0]
     # packed: [B, kv heads, groups x 3 queries, d] against 2 key/value heads; else 4 heads of 3 queries against 4
-    assert shapes == [((1, 2, 6, 8), 2) if attention_path else ((1, 4, 3, 8), 4)] * layers
+    assert shapes == [((1, 2, 6, 8), 2) if attention_path[0] else ((1, 4, 3, 8), 4)] * layers
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(out, model(input_ids=torch.tensor([seq + block])).logits[0, -3:], atol=1e-5, rtol=1e-5)
 

@@ -330,7 +330,7 @@ def test_packed_attention_is_chosen_by_measuring_it(monkeypatch, transformers_s,
                         {"transformers": transformers_s, "packed": packed_s}[name])
     monkeypatch.setattr(kernels, "_ATTENTION_MEASURED", {})
     config = tiny_llama().config  # 4 query heads over 2 key/value heads of size 8, sdpa
-    runs = 1 + 6 * kernels.REPEATS
+    runs = 1 + 2 * kernels.REPEATS
     for dtype in (torch.float32, torch.bfloat16):
         timed.clear()
         assert kernels.packed_attention_pays(config, dtype, "cpu", 3) is packed
@@ -353,7 +353,7 @@ def test_packed_attention_is_chosen_by_measuring_it(monkeypatch, transformers_s,
 
 
 @pytest.mark.parametrize("groups", [2, 3])
-@pytest.mark.parametrize("mask_kind", ["bool", "float", "none", "per-head"])
+@pytest.mark.parametrize("mask_kind", ["bool", "bool-broadcast", "float", "none", "per-head"])
 def test_packed_sdpa_attention_computes_transformers_sdpa_attention(groups, mask_kind):
     """packed_sdpa_attention returns what transformers' sdpa_attention_forward returns, for several queries under a
     4D mask (boolean or additive, broadcast over the batch or per row, holes included), and hands every other case
@@ -367,7 +367,8 @@ def test_packed_sdpa_attention_computes_transformers_sdpa_attention(groups, mask
     q, k, v = torch.randn(b, kv * groups, n, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
     seen = torch.rand(b, 1, n, t) > 0.3
     seen[..., 0] = True
-    mask = {"bool": seen, "float": torch.zeros(b, 1, n, t).masked_fill(~seen, torch.finfo(torch.float32).min),
+    mask = {"bool": seen, "bool-broadcast": seen[:1],  # one mask for every row
+            "float": torch.zeros(b, 1, n, t).masked_fill(~seen, torch.finfo(torch.float32).min),
             "none": None, "per-head": seen.expand(b, kv * groups, n, t)}[mask_kind]
     for queries in (n, 1):
         expected, _ = sdpa_attention_forward(module, q[:, :, :queries], k, v,
@@ -378,18 +379,35 @@ def test_packed_sdpa_attention_computes_transformers_sdpa_attention(groups, mask
         torch.testing.assert_close(got, expected)
 
 
-def test_packed_attention_switches_the_model_for_the_block_only():
-    """Inside packed_attention the model's layers run packed_sdpa_attention (their config names it); after the block,
-    an exception included, the model's own implementation again."""
+def test_packed_attention_packs_inside_the_block_on_its_thread_only(monkeypatch):
+    """Inside packed_attention, a model's sdpa attention over several queries under a 4D mask packs the query heads
+    (the same logits as transformers' own path); outside the block, on another thread during it, and after an
+    exception in it, transformers' function runs unpacked; the model's config is never touched."""
+    import threading
+
+    packed = []
+    pack = kernels._pack_queries
+    monkeypatch.setattr(kernels, "_pack_queries", lambda q, g: packed.append(threading.get_ident()) or pack(q, g))
     model = tiny_llama()
-    with kernels.packed_attention(model):
-        assert model.config._attn_implementation == kernels.PACKED_SDPA
-        model(input_ids=torch.tensor([[0, 3, 5]]))  # transformers finds the function and its mask builder
-    assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(RuntimeError, match="inside"):
-        with kernels.packed_attention(model):
-            raise RuntimeError("inside")
-    assert model.config._attn_implementation == "sdpa"
+    ids = torch.tensor([[0, 3, 5, 7, 2, 6]])
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]  # causal, as a 4D mask [1, 1, 6, 6]
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask).logits
+        assert not packed
+        with kernels.packed_attention():
+            inside = model(input_ids=ids, attention_mask=mask).logits
+            assert packed == [threading.get_ident()] * model.config.num_hidden_layers
+            other = threading.Thread(target=lambda: model(input_ids=ids, attention_mask=mask))
+            other.start()
+            other.join()
+            assert len(packed) == model.config.num_hidden_layers  # the other thread did not pack
+        assert model.config._attn_implementation == "sdpa"
+        torch.testing.assert_close(inside, reference)
+        with pytest.raises(RuntimeError, match="inside"):
+            with kernels.packed_attention():
+                raise RuntimeError("inside")
+        model(input_ids=ids, attention_mask=mask)
+    assert len(packed) == model.config.num_hidden_layers
 
 
 def test_measurements_leave_the_global_generator_alone():

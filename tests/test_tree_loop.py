@@ -165,6 +165,7 @@ def test_draft_model_tree_levels_see_their_ancestors_only(attention_path):
         ragged.forward(model, prefix)
         first = ragged.forward_nodes(model, torch.tensor([[3, 7, 2]]), torch.tensor([[-1, -1, -1]])).logits
         second = ragged.forward_nodes(model, torch.tensor([[8, 6]]), torch.tensor([[1, 2]])).logits
+        assert bool(attention_path[1]) == attention_path[0]  # the levels attended packed on hf-spec's path
         for tokens, logits in (([7], first[0, 1]), ([2], first[0, 2]), ([7, 8], second[0, 0]), ([2, 6], second[0, 1])):
             alone = model(torch.cat([prefix, torch.tensor([tokens])], dim=1)).logits[0, -1]
             torch.testing.assert_close(logits, alone, rtol=1e-4, atol=1e-4)
