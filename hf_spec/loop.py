@@ -413,13 +413,14 @@ def _speculative_decode(
         parents_list = parents.tolist() if parents is not None else None
         if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all positions in one call
             target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
-        else:  # position j scores the token after the row and the draft's tokens up to column j-1 (its root path)
-            target_scores = torch.stack(
-                [process_scores([row_procs[b] for b in active],
-                                [torch.cat([rows[b], rows[b].new_tensor(
-                                    _root_path(drafts_list[i], parents_list[i] if parents_list else None, j - 1))])
-                                 for i, b in enumerate(active)],
-                                logits[:, j]) for j in range(k + 1)], dim=1)
+        else:  # position j scores the token after the row and the draft's tokens up to column j-1 (its root path);
+            # every row and position in one call, rows major, as logits.flatten(0, 1) orders them
+            target_scores = process_scores(
+                [row_procs[b] for b in active for _ in range(k + 1)],
+                [torch.cat([rows[b], rows[b].new_tensor(
+                    _root_path(drafts_list[i], parents_list[i] if parents_list else None, j - 1))])
+                 for i, b in enumerate(active) for j in range(k + 1)],
+                logits.flatten(0, 1)).view_as(logits)
         q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
         path = columns = None
         if parents is None:

@@ -2,10 +2,12 @@
 
 Warpers that look only at the scores (temperature, top-k, top-p, min-p, typical, epsilon, eta) run once
 on the whole batch. Any other processor (repetition penalty, min new tokens, no-repeat n-gram, ...) may
-read the sequence, so it runs row by row on that row's own sequence. Processors that ``generate`` built for
-the whole batch keep per-row state (a repetition penalty's ``prompt_ignore_length`` per row, the encoder
-penalties' prompt ids, ``prefix_allowed_tokens_fn``'s ``batch_id``): :func:`row_processors` gives each row
-its own view of them, so row b is processed exactly as transformers' batched ``generate`` processes it.
+read the sequence, so it runs row by row on that row's own sequence; the score-only warpers after the last such
+processor still run once on all rows (a sampled verify step's top-k and top-p: one call over every position).
+Processors that ``generate`` built for the whole batch keep per-row state (a repetition penalty's
+``prompt_ignore_length`` per row, the encoder penalties' prompt ids, ``prefix_allowed_tokens_fn``'s ``batch_id``):
+:func:`row_processors` gives each row its own view of them, so row b is processed exactly as transformers' batched
+``generate`` processes it.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def process_scores(processors: LogitsProcessorList | list[LogitsProcessorList], 
 
     Args:
         processors: a ``LogitsProcessorList`` (may be empty), or one per row of ``sequences``
-            (:func:`row_processors`).
+            (:func:`row_processors`; the same processor types in the same order in each).
         sequences: N ``LongTensor[L_n]``, the tokens before each scored position; may be ``None`` when no
             processor reads them (:func:`reads_sequences` is False).
         scores: ``Tensor[N, V]``, raw next-token logits (N rows, or rows x positions flattened).
@@ -107,5 +109,13 @@ def process_scores(processors: LogitsProcessorList | list[LogitsProcessorList], 
         return shared(scores.new_zeros((scores.shape[0], 1), dtype=torch.long), scores)
     if sequences is None:
         raise ValueError("these logits processors read the sequence: pass the sequences")
-    return torch.cat([(processors[b] if per_row else processors)(s[None], scores[b: b + 1])
-                      for b, s in enumerate(sequences)])
+    if len(sequences) == 1:
+        return (processors[0] if per_row else processors)(sequences[0][None], scores)
+    # row by row up to the last processor that reads the sequence, then the score-only rest on all rows at once
+    # (the same operations in the same order: each of those warpers treats every row by itself)
+    split = 1 + max(i for i, p in enumerate(shared) if type(p) not in _SCORES_ONLY)
+    lists = processors if per_row else [processors] * len(sequences)
+    heads = {id(p): LogitsProcessorList(list(p)[:split]) for p in lists}
+    scores = torch.cat([heads[id(lists[b])](s[None], scores[b: b + 1]) for b, s in enumerate(sequences)])
+    tail = LogitsProcessorList(list(shared)[split:])
+    return tail(scores.new_zeros((scores.shape[0], 1), dtype=torch.long), scores) if len(tail) else scores

@@ -234,6 +234,35 @@ def test_batch_processors_with_per_row_state_match_batched_generate(name):
             assert out.sequences.tolist() == ref.tolist(), (kw, k)
 
 
+@pytest.mark.parametrize("order", ["instruct", "warper-first", "reads-last"])
+def test_process_scores_equals_each_row_processed_by_transformers(order):
+    """process_scores over many rows (a sampled verify step: every row and position in one call) gives bit for bit
+    what each row's processors give that row alone, whatever the order of sequence-reading processors and
+    score-only warpers (the warpers after the last sequence-reading one run once on all rows)."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import (MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
+                                                        RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    from hf_spec.processors import process_scores, row_processors
+
+    made = {"instruct": lambda: [RepetitionPenaltyLogitsProcessor(1.3), TemperatureLogitsWarper(0.7),
+                                 TopKLogitsWarper(8), TopPLogitsWarper(0.8)],
+            "warper-first": lambda: [TemperatureLogitsWarper(0.5), RepetitionPenaltyLogitsProcessor(1.5),
+                                     NoRepeatNGramLogitsProcessor(2), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)],
+            "reads-last": lambda: [TopKLogitsWarper(10), RepetitionPenaltyLogitsProcessor(2.0)]}[order]
+    torch.manual_seed(0)
+    vocab = 40
+    sequences = [torch.randint(0, vocab, (n,)) for n in (3, 7, 7, 12, 1)]
+    scores = torch.randn(len(sequences), vocab) * 3
+    processors = LogitsProcessorList(made())
+    expected = torch.cat([LogitsProcessorList(made())(seq[None], scores[i:i + 1]) for i, seq in enumerate(sequences)])
+    assert torch.equal(process_scores(processors, sequences, scores), expected)
+    per_row = row_processors(processors, len(sequences), padded=False)  # views of one batch's processors
+    assert torch.equal(process_scores(per_row, sequences, scores), expected)
+    assert torch.equal(process_scores(processors, sequences[:1], scores[:1]), expected[:1])
+
+
 def test_classifier_free_guidance_is_refused_with_a_drafter():
     """guidance_scale builds a processor with its own unconditional cache, fed one token per call: it cannot
     follow k+1 verified positions or a rollback, so a drafter with it is refused (plain decoding still runs)."""
