@@ -295,7 +295,7 @@ def packed_attention_pays(config, dtype: torch.dtype, device, queries: int) -> b
     With a 4D mask, which such a block always has, transformers' ``sdpa`` attention repeats every key/value head
     once per query head (``repeat_kv``: a copy of the cache per layer) and runs the many-head kernel; packing the
     query heads into the query length reads each key/value head once. On an AVX512-BF16 EPYC that took 2-4x less
-    time for 2-5 queries and 1.1-1.3x less for 17, in bfloat16 and float32 (docs/benchmarks.md). Measured per machine
+    time for 2-5 queries after 300 positions (2-14x after 1,000, varying between runs) and 1.1-1.3x less for 17, in bfloat16 and float32 (docs/benchmarks.md). Measured per machine
     and process (:func:`measure_gqa_attention` for the query count rounded up to a power of two, at
     :data:`ATTENTION_CONTEXT` positions, inside the first forward that asks), cached per (kv heads, groups, head
     size, dtype, thread count, bucket), and packed where its fastest run is under ``1 - MARGIN`` times the other's.
@@ -381,12 +381,8 @@ def packed_attention():
     No model or config changes (other threads, and this one after the block, see transformers' function). Nothing
     is packed where another ``sdpa`` function was registered (:func:`_install_router`)."""
     _install_router()
-    previous = getattr(_ATTENTION_STATE, "packed", False)
-    _ATTENTION_STATE.packed = True
-    try:
+    with _thread_flag(_ATTENTION_STATE, "packed", True):
         yield
-    finally:
-        _ATTENTION_STATE.packed = previous
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -441,12 +437,19 @@ def _route_modules(modules, forward) -> int:
 def verify_linear(enabled: bool = True):
     """Inside the block, routed linear layers use ``(W @ x.T).T`` for 2..128 float32 CPU rows where it was
     measured faster than ``F.linear`` on this machine (for that weight shape and rows bucket)."""
-    previous = getattr(_STATE, "active", False)
-    _STATE.active = enabled
+    with _thread_flag(_STATE, "active", enabled):
+        yield
+
+
+@contextlib.contextmanager
+def _thread_flag(state: threading.local, name: str, value: bool):
+    """``state.<name>`` is ``value`` inside the block (on this thread), its previous value (default False) after."""
+    previous = getattr(state, name, False)
+    setattr(state, name, value)
     try:
         yield
     finally:
-        _STATE.active = previous
+        setattr(state, name, previous)
 
 
 def _upcast_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

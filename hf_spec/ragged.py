@@ -21,7 +21,7 @@ Two exceptions, both for grouped-query models on the CPU, where the measured cho
 - a block of 2..64 positions after cached ones (a verify forward, a draft tree's level, a draft model's catch-up)
   gets a 4D mask built here and attends through :func:`~hf_spec.kernels.packed_sdpa_attention`
   (:func:`~hf_spec.kernels.packed_attention_pays`), which reads each key/value head once instead of copying it per
-  query head as transformers' ``repeat_kv`` does: 2-4x less attention time for 2-5 positions.
+  query head as transformers' ``repeat_kv`` does: 2-4x or more less attention time for 2-5 positions.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class RaggedCache:
             key_positions = torch.cat([self.valid[:, :start].to(torch.long).cumsum(dim=1) - 1,
                                        self.lengths[:, None] + depth - 1], dim=1)
         mask = self._format_masks(model, seen, position_ids, key_positions)
-        with self._attention(model, n, start > 0):
+        with self._attention(start > 0 and self._packed_attention(model, n)):
             return model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
                          logits_to_keep=n, **{cache_kwarg(model): self.cache}, **model_kwargs)
 
@@ -327,7 +327,7 @@ class RaggedCache:
             mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
             mask = self._masks(model, position_ids, within)
-        with self._attention(model, n, cached):
+        with self._attention(packed):
             out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
                         logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
@@ -350,10 +350,11 @@ class RaggedCache:
             choice = self._packed[n] = packed_attention_pays(model.config, model.dtype, self.valid.device, n)
         return choice
 
-    def _attention(self, model, n: int, cached: bool):
-        """The context a forward of ``n`` positions runs in: :func:`~hf_spec.kernels.packed_attention` where
-        :meth:`_packed_attention` chose it (the block follows cached positions), else nothing."""
-        return packed_attention() if cached and self._packed_attention(model, n) else contextlib.nullcontext()
+    @staticmethod
+    def _attention(packed: bool):
+        """The context a forward runs in: :func:`~hf_spec.kernels.packed_attention` where :meth:`_packed_attention`
+        chose it for a block after cached positions, else nothing."""
+        return packed_attention() if packed else contextlib.nullcontext()
 
     @staticmethod
     def _tree(model, parents: torch.Tensor, block_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
