@@ -530,3 +530,18 @@ def test_generate_from_standard_input_and_medusa_at_its_head_count(tmp_path):
     out = json.loads(r.stdout)
     assert out["config"]["num_speculative_tokens"] == 2 and len(out["acceptance_by_position"]) == 2
     assert out["identical_to_baseline"] is True and out["new_tokens"] == 12
+
+
+def test_the_text_summary_names_the_dtypes_of_target_and_draft(capsys):
+    """The plain-text summary of ``hf-spec generate`` says which dtype ``--draft-dtype auto`` chose for the draft
+    model (the JSON has it as config.draft_dtype), and says nothing of a draft dtype without a draft model."""
+    from hf_spec.commands.generate import _print_text
+
+    row = dict(text="hello", new_tokens=4, acceptance_rate=0.5, mean_accepted_length=2.0, ttft_s=0.1, tpot_s=0.05)
+    config = dict(target="t", drafter="draft:d", num_speculative_tokens=3, num_tree_nodes=0, dtype="bfloat16",
+                  draft_dtype="int4", device="cpu", batch_size=1)
+    _print_text(Namespace(compare=False), [row], {"tokens_per_s": 8.0}, config)
+    assert "dtype=bfloat16 draft dtype=int4 " in capsys.readouterr().out
+    _print_text(Namespace(compare=False), [row], {"tokens_per_s": 8.0}, {**config, "drafter": "ngram",
+                                                                         "draft_dtype": None})
+    assert "draft dtype" not in capsys.readouterr().out

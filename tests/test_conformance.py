@@ -83,6 +83,9 @@ def test_hybrid_sampling_in_a_batch_is_distribution_exact(monkeypatch):
     # the 3 tokens of this test cannot repay the draft model's prompt prefill, so the hybrid drafter would rightly
     # leave the model out (rows without a suffix match draft nothing): price the prefill at 0 to get both sources
     monkeypatch.setattr(hf_spec.DraftModelDrafter, "catch_up_cost", lambda self, sequences: 0.0)
+    # and rate every suffix match as a long one (random tokens match 1-2 tokens, whose measured prior loses to an
+    # unmeasured model): rows with a match take the suffix, rows without the model
+    monkeypatch.setattr(hf_spec.drafters.hybrid, "SUFFIX_PRIORS", ((1, 0.9, 0.9),))
     arch = SAMPLING_SUBSET[0]
     target, draft = C.build(arch), C.build(arch, noise=0.05)
     exact = C.exact_distribution(target)

@@ -247,27 +247,55 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     d._forward_s, d._model_s = [0.1], [(0.15, 3, 3)]  # the model drafts 3 tokens in 0.15 s
     for _ in range(20):  # the model's drafts: 2 of 3 accepted; short suffix matches: rejected
         d._model_acceptance.add(3, 2)
-        d._suffix_acceptance[False].add(4, 0)
-        d._suffix_acceptance[True].add(4, 4)
-    assert d.choose_source(4, long_match=False, k=3) == "model"
-    assert d.choose_source(4, long_match=True, k=3) == "suffix"
-    assert d.choose_source(0, long_match=False, k=3) == "model"
+        d._suffix_acceptance[0].add(4, 0)
+        d._suffix_acceptance[3].add(4, 4)
+    assert d.choose_source(4, match_length=1, k=3) == "model"
+    assert d.choose_source(4, match_length=12, k=3) == "suffix"
+    assert d.choose_source(0, match_length=1, k=3) == "model"
     # a catch-up (a draft model's prefill of a long prompt) that a few tokens left cannot repay: not the model
-    assert d.choose_source(0, long_match=False, k=3, catch_up_s=5.0, remaining_tokens=8) == "none"
-    assert d.choose_source(4, long_match=True, k=3, catch_up_s=5.0, remaining_tokens=8) == "suffix"
-    assert d.choose_source(0, long_match=False, k=3, catch_up_s=5.0, remaining_tokens=10_000) == "model"
+    assert d.choose_source(0, match_length=1, k=3, catch_up_s=5.0, remaining_tokens=8) == "none"
+    assert d.choose_source(4, match_length=12, k=3, catch_up_s=5.0, remaining_tokens=8) == "suffix"
+    assert d.choose_source(0, match_length=1, k=3, catch_up_s=5.0, remaining_tokens=10_000) == "model"
     # drafting is priced per token: after drafts at k = 8 (0.4 s), a draft at k = 1 costs 0.05 s, and at
     # 1.67 tokens per 0.15 s beats plain decoding's 1 per 0.1 s (charged 0.4 s it lost: 1.67 per 0.5 s)
     d._model_s = [(0.4, 8, 8)] * 5
-    assert d.choose_source(0, long_match=False, k=1) == "model"
+    assert d.choose_source(0, match_length=1, k=1) == "model"
     # a draft that stops when unsure drafts a share of its k: asked for 8, it drafted 2 (0.1 s); at k = 8 the
     # model is priced 0.1 s (~3 tokens per 0.2 s beats plain's 1 per 0.1 s), not 8 tokens' 0.4 s (3 per 0.5 s)
     d._model_s = [(0.1, 8, 2)] * 5
-    assert d.choose_source(0, long_match=False, k=8) == "model"
+    assert d.choose_source(0, match_length=1, k=8) == "model"
     d._model_s = [(0.4, 8, 8)] * 5
-    assert d.choose_source(0, long_match=False, k=8) == "none"
+    assert d.choose_source(0, match_length=1, k=8) == "none"
     with pytest.raises(TypeError, match="model-based"):
         hf_spec.HybridDrafter(hf_spec.SuffixDrafter())
+
+
+def test_hybrid_priors_follow_the_match_length(pair):
+    """Before anything is measured, a suffix proposal is judged by its match length's prior (measured offline):
+    a free proposal from a 1-token match (first token accepted ~1 in 4) loses to an unmeasured model, one from a
+    12-token match wins; a verified suffix draft updates the counts of its own match-length bucket only. With one
+    prior of 0.5 for every match the 1-token proposal won and was verified first (translation: 0 of 5)."""
+    from hf_spec.drafters.base import VerifyOutput
+    from hf_spec.drafters.hybrid import suffix_bucket
+
+    assert [suffix_bucket(n) for n in (1, 2, 3, 4, 9, 10, 100)] == [0, 1, 1, 2, 2, 3, 3]
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=64))
+    d._forward_s = [0.1]
+    assert d.choose_source(4, match_length=1, k=3) == "model"
+    assert d.choose_source(8, match_length=12, k=3) == "suffix"
+    d._chosen = [("suffix", 12, 3)]
+    d.update(VerifyOutput(step=1, num_drafted=torch.tensor([8]), num_accepted=torch.tensor([0]), seconds=0.1))
+    assert d._suffix_acceptance[3].reached[:1] == [1.0] and d._suffix_acceptance[3].accepted[:1] == [0.0]
+    assert all(not a.reached for a in d._suffix_acceptance[:3])
+    # two rejected model drafts (asked for 6, stopped when unsure after 1 and 3 tokens) do not write the model
+    # off: with a prior of one observation it fell under plain decoding (a translation prompt, where the model
+    # alone went on to accept 9 of 20)
+    d._model_s = [(0.02, 6, 1), (0.06, 6, 3)]
+    d._model_acceptance.add(1, 0, 6)
+    d._model_acceptance.add(3, 0, 6)
+    assert d.choose_source(0, match_length=0, k=6) == "model"
 
 
 def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
@@ -279,20 +307,20 @@ def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
     target, draft = pair
     d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
                                                                           GenerationConfig(max_length=512))
-    d._forward_s, d._model_s = [0.1], [(0.06, 3, 3)]
+    d._forward_s, d._model_s = [0.1], [(0.03, 3, 3)]  # drafting 3 tokens costs 0.3 of a target forward
     for a in (0, 1, 0):  # the model's first drafts: 1 of 3 tokens accepted, then nothing
         d._model_acceptance.add(3, a, 3)
     for _ in range(4):
-        d._suffix_acceptance[False].add(4, 0)
-    d._suffix_acceptance[False].add(4, 2)
-    assert d.choose_source(4, long_match=False, k=3) == "suffix"
+        d._suffix_acceptance[0].add(4, 0)
+    d._suffix_acceptance[0].add(4, 2)
+    assert d.choose_source(4, match_length=1, k=3) == "suffix"
     steps = []
     for step in range(1, 60):  # suffix drafts accepted 1 in 8 steps, as long as the suffix is chosen
-        if d.choose_source(4, long_match=False, k=3) != "suffix":
+        if d.choose_source(4, match_length=1, k=3) != "suffix":
             break
-        d._chosen = [("suffix", False, 3)]
+        d._chosen = [("suffix", 1, 3)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([int(step % 8 == 0)]),
                               seconds=0.1))
         steps.append(step)
     assert len(steps) < 59, "the model was never tried again"
-    assert d.choose_source(4, long_match=False, k=3) == "model"
+    assert d.choose_source(4, match_length=1, k=3) == "model"

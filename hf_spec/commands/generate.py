@@ -245,5 +245,6 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
     print()
     tree = f" tree={config['num_tree_nodes']}" if config["num_tree_nodes"] else ""
-    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']}{tree} dtype={config['dtype']} "
+    draft_dtype = f" draft dtype={config['draft_dtype']}" if config.get("draft_dtype") else ""
+    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']}{tree} dtype={config['dtype']}{draft_dtype} "
           f"device {config['device']} batch size {config['batch_size']}]")

@@ -9,8 +9,12 @@ score is high enough, else with the model), the choice here is made by the cost 
 ``1 + sum_i prod_{j <= i} a_j``, over its cost, with
 
 - the suffix proposal's acceptance a_j: the conditional acceptance measured for suffix drafts at position j
-  (decayed counts, prior 0.5), separately for short (< 4 tokens) and long matches;
-- the model's: the conditional acceptance measured for its drafts at position j, for the step's k;
+  (decayed counts), separately per match-length bucket (:data:`SUFFIX_PRIORS`: 1, 2-3, 4-9, 10 or more tokens),
+  each with its own prior (:data:`PRIOR_WEIGHT` pseudo-observations) from the acceptance of suffix proposals measured offline by
+  match length. One prior for every match length let a free proposal from a 1-token match (accepted about a
+  quarter of the time) beat an unmeasured model, and judged long matches (three quarters) as weak as short ones;
+- the model's: the conditional acceptance measured for its drafts at position j, for the step's k (prior 0.5
+  for the first position, then the estimate of the position before);
 - each kind of draft's counts decay at every step, verified or not, so a source not chosen drifts back to the
   prior and is tried again: measured (issue 21, a coding prompt), the draft model written off on its first 3
   drafts (1 of 5 tokens accepted) was never chosen again while the suffix source drafted 39 times at 12%
@@ -45,16 +49,32 @@ from .suffix import SuffixDrafter
 
 __all__ = ["HybridDrafter"]
 
-#: a suffix match this long or longer is judged by the acceptance of long matches
-LONG_MATCH = 4
+#: Suffix proposals' prior conditional acceptance by match length: ``(shortest match, first token, each later
+#: token)`` per bucket. Measured offline (docs/results/issue21_hybrid_priors/, 2026-12-02) on the target's
+#: (Qwen2.5-Coder-1.5B) greedy outputs for the 26 Spec-Bench questions the bench does not use (the 3rd and 4th
+#: of each category), at the positions a suffix-only loop drafts at: 1-token matches 0.23 then 0.52-0.65, 2-3
+#: tokens 0.49-0.50 then 0.67-0.72, 4-9 tokens 0.64-0.71 then 0.67-0.90, 10 or more 0.72 then 0.92.
+SUFFIX_PRIORS = ((1, 0.25, 0.55), (2, 0.5, 0.7), (4, 0.65, 0.8), (10, 0.75, 0.85))
+
+
+def suffix_bucket(match_length: int) -> int:
+    """The index in :data:`SUFFIX_PRIORS` of the bucket a suffix match of ``match_length`` tokens falls in."""
+    return max(i for i, (shortest, _, _) in enumerate(SUFFIX_PRIORS) if match_length >= shortest or i == 0)
+
+
+#: the weight of a prior, in observations: one let a model drafter's first two rejected drafts write it off (a
+#: translation prompt: 0 of 2, then no model draft for 10 steps where the model alone went on to accept 9 of 20)
+PRIOR_WEIGHT = 3.0
 
 
 class _Acceptance:
     """Decayed per-position counts of one kind of draft: ``estimate(j)`` is the conditional acceptance at
-    position j (each position's counts plus one pseudo-observation at the estimate before, 0.5 for the first)."""
+    position j, each position's counts plus :data:`PRIOR_WEIGHT` pseudo-observations at the prior: ``first`` for
+    the first position, ``later`` for each later one (``None``: the estimate of the position before)."""
 
-    def __init__(self, decay: float):
+    def __init__(self, decay: float, first: float = 0.5, later: float | None = None):
         self.decay, self.reached, self.accepted = decay, [], []
+        self.first, self.later = first, later
 
     def add(self, num_drafted: int, num_accepted: int, asked: int | None = None) -> None:
         """One verified draft. ``asked``: the k the draft was asked for, where it may stop short of it (a draft
@@ -79,11 +99,12 @@ class _Acceptance:
 
     def expected_tokens(self, length: int) -> float:
         """``1 + sum_{i < length} prod_{j <= i} a_j``: tokens a step emits with a draft of ``length``."""
-        total, cum, prior = 1.0, 1.0, 0.5
+        total, cum, estimate = 1.0, 1.0, self.first
         for i in range(length):
-            if i < len(self.reached):
-                prior = (self.accepted[i] + prior) / (self.reached[i] + 1.0)
-            cum *= prior
+            prior = self.first if i == 0 else estimate if self.later is None else self.later
+            estimate = ((self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
+                        if i < len(self.reached) else prior)
+            cum *= estimate
             total += cum
         return total
 
@@ -168,11 +189,11 @@ class HybridDrafter(Drafter):
         self._model = self.model_drafter.start(target, input_ids, self.generation_config, self.logits_processor)
         self._suffix = self.suffix.start(target, input_ids, self.generation_config, self.logits_processor)
         self._vocab = logit_rows(target)
-        self._suffix_acceptance = {False: _Acceptance(self.decay), True: _Acceptance(self.decay)}
+        self._suffix_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in SUFFIX_PRIORS]
         self._model_acceptance = _Acceptance(self.decay)
         self._forward_s: list[float] = []
         self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
-        self._chosen: list[tuple[str, bool, int]] | None = None  # per row of the last draft: (source, long match, k)
+        self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -190,11 +211,12 @@ class HybridDrafter(Drafter):
         elif verified.seconds:
             self._forward_s = (self._forward_s + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
-            unverified = [*self._suffix_acceptance.values(), self._model_acceptance]
-            for (source, long, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
-                                                   verified.num_accepted.tolist()):
+            unverified = [*self._suffix_acceptance, self._model_acceptance]
+            for (source, match_length, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
+                                                           verified.num_accepted.tolist()):
                 if d:
-                    kind = self._suffix_acceptance[long] if source == "suffix" else self._model_acceptance
+                    kind = (self._suffix_acceptance[suffix_bucket(match_length)] if source == "suffix"
+                            else self._model_acceptance)
                     kind.add(d, a, None if source == "suffix" else asked)
                     unverified = [u for u in unverified if u is not kind]
             for kind in unverified:
@@ -205,12 +227,12 @@ class HybridDrafter(Drafter):
         self._suffix.finish(outputs)
         self._model.finish(outputs)
 
-    def choose_source(self, proposal_length: int, long_match: bool, k: int, catch_up_s: float = 0.0,
+    def choose_source(self, proposal_length: int, match_length: int, k: int, catch_up_s: float = 0.0,
                       remaining_tokens: int | None = None) -> str:
-        """``"suffix"``, ``"model"`` or ``"none"`` for a row whose suffix proposal has ``proposal_length`` tokens: the
-        highest predicted tokens per second, plain decoding's one token per forward included (see the module
-        docstring). ``catch_up_s``: the model's one-off catch-up in seconds, spread over the
-        ``remaining_tokens / E[tokens per step]`` steps left."""
+        """``"suffix"``, ``"model"`` or ``"none"`` for a row whose suffix proposal has ``proposal_length`` tokens
+        after a match of ``match_length`` tokens: the highest predicted tokens per second, plain decoding's one
+        token per forward included (see the module docstring). ``catch_up_s``: the model's one-off catch-up in
+        seconds, spread over the ``remaining_tokens / E[tokens per step]`` steps left."""
         forward = statistics.median(self._forward_s) if self._forward_s else 1.0
         # priced per drafted token: a draft model's time grows with k, and the controller changes k (a time
         # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model); a draft that
@@ -222,7 +244,8 @@ class HybridDrafter(Drafter):
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
         rates = {"none": 1.0 / forward, "model": model_tokens / (forward + model_s)}
         if proposal_length:
-            rates["suffix"] = self._suffix_acceptance[long_match].expected_tokens(proposal_length) / forward
+            rates["suffix"] = (self._suffix_acceptance[suffix_bucket(match_length)].expected_tokens(proposal_length)
+                               / forward)
         return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
     def draft(self, sequences, k):
@@ -231,7 +254,7 @@ class HybridDrafter(Drafter):
         catch_up_tokens = self._model.catch_up_cost(sequences)
         catch_up_s = catch_up_tokens * self._prefill_s_per_token
         max_length = self.generation_config.max_length if self.generation_config is not None else None
-        sources = [self.choose_source(len(p.tokens), p.match_length >= LONG_MATCH, k, catch_up_s,
+        sources = [self.choose_source(len(p.tokens), p.match_length, k, catch_up_s,
                                       max_length - len(seq) if max_length else None)
                    for p, seq in zip(proposals, sequences)]
         n = len(sequences)
@@ -267,6 +290,6 @@ class HybridDrafter(Drafter):
                 if scores is not None:
                     scores[b, :len(p.tokens)] = float("-inf")
                     scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
-        self._chosen = [(s, p.match_length >= LONG_MATCH, k) for p, s in zip(proposals, sources)]
+        self._chosen = [(s, p.match_length, k) for p, s in zip(proposals, sources)]
         self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
         return tokens, num, scores
