@@ -10,9 +10,10 @@ score is high enough, else with the model), the choice here is made by the cost 
 
 - the suffix proposal's acceptance a_j: the conditional acceptance measured for suffix drafts at position j
   (decayed counts), separately per match-length bucket (:data:`SUFFIX_PRIORS`: 1, 2-3, 4-9, 10 or more tokens),
-  each with its own prior (:data:`PRIOR_WEIGHT` pseudo-observations) from the acceptance of suffix proposals measured offline by
-  match length. One prior for every match length let a free proposal from a 1-token match (accepted about a
-  quarter of the time) beat an unmeasured model, and judged long matches (three quarters) as weak as short ones;
+  each with its own prior (:data:`PRIOR_WEIGHT` pseudo-observations) from the acceptance of suffix proposals
+  measured offline by match length. One prior for every match length let a free proposal from a 1-token match
+  (accepted about a quarter of the time) beat an unmeasured model, and judged long matches (three quarters) as
+  weak as short ones;
 - the model's: the conditional acceptance measured for its drafts at position j, for the step's k (prior 0.5
   for the first position, then the estimate of the position before);
 - each kind of draft's counts decay at every step, verified or not, so a source not chosen drifts back to the
@@ -39,6 +40,7 @@ were sampled from.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 
@@ -58,8 +60,9 @@ SUFFIX_PRIORS = ((1, 0.25, 0.55), (2, 0.5, 0.7), (4, 0.65, 0.8), (10, 0.75, 0.85
 
 
 def suffix_bucket(match_length: int) -> int:
-    """The index in :data:`SUFFIX_PRIORS` of the bucket a suffix match of ``match_length`` tokens falls in."""
-    return max(i for i, (shortest, _, _) in enumerate(SUFFIX_PRIORS) if match_length >= shortest or i == 0)
+    """The index in :data:`SUFFIX_PRIORS` of the bucket a suffix match of ``match_length`` tokens falls in (the
+    first for anything shorter than its shortest match)."""
+    return max(0, bisect.bisect_right([shortest for shortest, _, _ in SUFFIX_PRIORS], match_length) - 1)
 
 
 #: the weight of a prior, in observations: one let a model drafter's first two rejected drafts write it off (a
