@@ -91,9 +91,33 @@ from .events import StepEvent
 from .metrics import count_positions
 from .tuning import expected_tokens_per_step
 
-__all__ = ["AdaptiveK", "CycleK", "TreeSize", "make_controller", "remember_plain_times", "remembered_plain_times"]
+__all__ = ["AdaptiveK", "CycleK", "TreeSize", "forward_time", "make_controller", "remember_plain_times",
+           "remembered_plain_times"]
 
 logger = logging.getLogger("hf_spec")
+
+
+def forward_time(times: dict[int, float], n: float) -> float:
+    """A target forward's estimated time over ``n`` positions per row, from the times measured at some numbers of
+    positions (``{positions: time}``, any unit; a plain step is 1 position): the time measured at n where n was
+    seen, else the time of the nearest n seen below it plus a slope per extra position: least squares through
+    the points seen, anchored at the smallest n seen (clamped at >= 0); below the smallest n seen, its time.
+    :class:`AdaptiveK` prices a k it has not measured with it, the hybrid drafter each source's draft length.
+
+    Raises:
+        ValueError: ``times`` is empty.
+    """
+    if not times:
+        raise ValueError("forward_time needs at least one measured time")
+    if n in times:
+        return times[n]
+    lowest = min(times)
+    if n <= lowest:
+        return times[lowest]
+    points = [(m - lowest, t - times[lowest]) for m, t in times.items() if m != lowest]
+    slope = max(0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)) if points else 0.0
+    below = max(m for m in times if m < n)
+    return times[below] + slope * (n - below)
 
 
 class _Model(NamedTuple):
@@ -294,8 +318,8 @@ class AdaptiveK:
         return rates or [0.5]
 
     def verify_cost(self, n: int) -> float:
-        """Estimated T_verify(n) / T_1: measured where seen, else from the nearest n seen below (1: a plain
-        step) plus the slope of the line fitted through what was seen (>= 0) per extra position.
+        """Estimated T_verify(n) / T_1: :func:`forward_time` over the plain-step time and the verify times
+        measured so far.
 
         Anchored at a measured point, not at 1: in native bfloat16 on a CPU a 2-position forward can cost
         less than a plain step (0.9 T_1 measured; transformers' one-query attention path), and a line
@@ -303,13 +327,8 @@ class AdaptiveK:
         looked able to gain at k = 3."""
         if n == 1:
             return 1.0
-        t_plain, t_verify = self.t_plain, self.t_verify
-        if n in t_verify:
-            return t_verify[n] / t_plain
-        pts = [(m - 1, t / t_plain - 1.0) for m, t in t_verify.items()]
-        slope = max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts)) if pts else 0.0
-        below = max((m for m in t_verify if m < n), default=1)
-        return (t_verify[below] / t_plain if below > 1 else 1.0) + slope * (n - below)
+        t_plain = self.t_plain
+        return forward_time({1: t_plain, **self.t_verify}, n) / t_plain
 
     def model(self) -> _Model:
         """The current estimates (acceptance, drafting line, share of steps that drafted, a miss's cost), for

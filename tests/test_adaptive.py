@@ -46,6 +46,25 @@ def simulate(controller, acceptance_at, cost_ratio, verify_cost, steps, seed=0, 
     return ks, decisions
 
 
+def test_forward_time_is_measured_where_seen_else_on_the_line_through_what_was():
+    """The verify-cost model adaptive k and the hybrid drafter share: measured times where seen, between and
+    beyond them the nearest one below plus the least-squares slope anchored at the smallest n (>= 0), and
+    nothing extrapolated below the smallest n seen."""
+    assert adaptive.forward_time({1: 1.0, 3: 1.4}, 3) == 1.4
+    assert adaptive.forward_time({1: 1.0, 3: 1.4}, 2) == pytest.approx(1.2)
+    assert adaptive.forward_time({1: 1.0, 3: 1.4}, 5) == pytest.approx(1.8)
+    assert adaptive.forward_time({1: 1.0, 3: 0.9, 5: 1.5}, 4) == pytest.approx(0.9 + (2 * -0.1 + 4 * 0.5) / 20)
+    assert adaptive.forward_time({1: 1.0, 3: 0.8}, 6) == 0.8  # a falling line is clamped flat
+    assert adaptive.forward_time({3: 2.0, 5: 2.4}, 1) == 2.0
+    assert adaptive.forward_time({1: 0.5}, 9) == 0.5
+    with pytest.raises(ValueError, match="at least one"):
+        adaptive.forward_time({}, 2)
+    k = AdaptiveK()
+    k.start_from([0.5, 0.5, 0.5])
+    k._verify[3] = [0.7]
+    assert k.verify_cost(5) == pytest.approx(adaptive.forward_time({1: 0.5, 3: 0.7}, 5) / 0.5)
+
+
 @pytest.mark.parametrize("acceptance, c, verify", [
     ([0.9] * 5 + [0.3] * 7, 0.05, lambda n: 1.0),  # cheap drafter, flat verify: k = 5 or 6 (0.2% apart)
     ([0.9, 0.85, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1], 0.1, lambda n: 1.0 + 0.05 * (n - 1)),  # k = 2

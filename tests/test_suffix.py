@@ -11,6 +11,7 @@ import torch
 from transformers import GenerationConfig
 
 import hf_spec
+from hf_spec.drafters.base import VerifyOutput
 from hf_spec.drafters.suffix_index import SuffixArray, SuffixTrie
 
 from .conftest import tiny_pair
@@ -244,7 +245,7 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     target, draft = pair
     d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
                                                                           GenerationConfig(max_length=64))
-    d._forward_s, d._model_s = [0.1], [(0.15, 3, 3)]  # the model drafts 3 tokens in 0.15 s
+    d._forward_s, d._model_s = {1: [0.1]}, [(0.15, 3, 3)]  # the model drafts 3 tokens in 0.15 s
     for _ in range(20):  # the model's drafts: 2 of 3 accepted; short suffix matches: rejected
         d._model_acceptance.add(3, 2)
         d._suffix_acceptance[0].add(4, 0)
@@ -270,19 +271,41 @@ def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
         hf_spec.HybridDrafter(hf_spec.SuffixDrafter())
 
 
+def test_hybrid_prices_each_choice_by_the_positions_it_verifies(pair):
+    """Where verifying more positions costs more (float32 on a CPU), a 4-token suffix proposal from a 1-token
+    match (first token accepted ~1 in 4) loses to a plain step, while a 2-token one, whose verify is priced on
+    the line through the measured times, still pays; where positions are nearly free (native bfloat16) the
+    4-token proposal wins. One median over every forward (0.13 s here) priced all choices alike and chose the
+    4-token proposal in both."""
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=64))
+    d._model_s = [(0.3, 3, 3)]  # a model whose drafting costs 3 target forwards: never the best here
+    d._forward_s = {1: [0.1] * 3, 5: [0.16] * 3}  # a 5-position verify costs 1.6 plain steps
+    assert d.choose_source(4, match_length=1, k=4) == "none"  # 1.51 tokens per 0.16 s < 1 per 0.1 s
+    assert d.choose_source(2, match_length=1, k=4) == "suffix"  # 1.39 tokens per 0.13 s (interpolated)
+    assert d.choose_source(4, match_length=12, k=4) == "suffix"
+    d._forward_s = {1: [0.1] * 3, 5: [0.1] * 3}
+    assert d.choose_source(4, match_length=1, k=4) == "suffix"
+    # the loop's reports fill the table by positions per row: 1 + the longest draft verified (0: a plain step)
+    d._forward_s, d._chosen = {}, [("suffix", 1, 4)]
+    d.update(VerifyOutput(step=1, num_drafted=torch.tensor([3]), num_accepted=torch.tensor([1]), seconds=0.2))
+    d.update(VerifyOutput(step=2, num_drafted=torch.tensor([0]), num_accepted=torch.tensor([0]), seconds=0.1))
+    assert d._forward_s == {4: [0.2], 1: [0.1]}
+
+
 def test_hybrid_priors_follow_the_match_length(pair):
     """Before anything is measured, a suffix proposal is judged by its match length's prior (measured offline):
     a free proposal from a 1-token match (first token accepted ~1 in 4) loses to an unmeasured model, one from a
     12-token match wins; a verified suffix draft updates the counts of its own match-length bucket only. With one
     prior of 0.5 for every match the 1-token proposal won and was verified first (translation: 0 of 5)."""
-    from hf_spec.drafters.base import VerifyOutput
     from hf_spec.drafters.hybrid import suffix_bucket
 
     assert [suffix_bucket(n) for n in (1, 2, 3, 4, 9, 10, 100)] == [0, 1, 1, 2, 2, 3, 3]
     target, draft = pair
     d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
                                                                           GenerationConfig(max_length=64))
-    d._forward_s = [0.1]
+    d._forward_s = {1: [0.1]}
     assert d.choose_source(4, match_length=1, k=3) == "model"
     assert d.choose_source(8, match_length=12, k=3) == "suffix"
     d._chosen = [("suffix", 12, 3)]
@@ -302,12 +325,10 @@ def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
     """A source written off on a few drafts is measured again: the counts of a kind of draft not verified in a
     step decay as if observed, so its estimate drifts back to the prior (a coding prompt measured the draft
     model at 1 of 5 on its first 3 drafts, then never chose it again while suffix drafts were accepted 12%)."""
-    from hf_spec.drafters.base import VerifyOutput
-
     target, draft = pair
     d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
                                                                           GenerationConfig(max_length=512))
-    d._forward_s, d._model_s = [0.1], [(0.03, 3, 3)]  # drafting 3 tokens costs 0.3 of a target forward
+    d._forward_s, d._model_s = {1: [0.1]}, [(0.03, 3, 3)]  # drafting 3 tokens costs 0.3 of a target forward
     for a in (0, 1, 0):  # the model's first drafts: 1 of 3 tokens accepted, then nothing
         d._model_acceptance.add(3, a, 3)
     for _ in range(4):

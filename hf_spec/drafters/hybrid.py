@@ -20,9 +20,12 @@ score is high enough, else with the model), the choice here is made by the cost 
   prior and is tried again: measured (issue 21, a coding prompt), the draft model written off on its first 3
   drafts (1 of 5 tokens accepted) was never chosen again while the suffix source drafted 39 times at 12%
   acceptance, 1.28x against the draft model's 2.56x alone;
-- costs in seconds: the target's forward (the median of the last forwards it reported, plain and verify alike)
-  for both, plus for the model its drafting time (k times the median time per drafted token of its last
-  drafts) and, while it has a one-off
+- costs in seconds: the target's forward over the positions each choice verifies (1 for plain decoding, 1 + the
+  draft's length for a source; :func:`~hf_spec.adaptive.forward_time` over the medians of the last forwards
+  reported at each number of positions, as adaptive k prices its k: where verifying more positions costs more,
+  float32 on a CPU, a 4-token suffix proposal from a 1-token match must beat a plain step that costs less than
+  its verify, where one median over every forward priced all three alike), plus for the model its drafting time
+  (k times the median time per drafted token of its last drafts) and, while it has a one-off
   catch-up to do (a draft model's prefill of a long prompt, :meth:`~hf_spec.drafters.base.Drafter.catch_up_cost`,
   priced with the target's measured prefill time per token), that cost spread over the steps the tokens left
   allow. The suffix drafter's own lookup is microseconds and left out.
@@ -46,6 +49,7 @@ import time
 
 import torch
 
+from ..adaptive import forward_time
 from .base import Drafter, VerifyOutput, logit_rows
 from .suffix import SuffixDrafter
 
@@ -194,7 +198,7 @@ class HybridDrafter(Drafter):
         self._vocab = logit_rows(target)
         self._suffix_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in SUFFIX_PRIORS]
         self._model_acceptance = _Acceptance(self.decay)
-        self._forward_s: list[float] = []
+        self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
         self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
         self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
@@ -212,7 +216,8 @@ class HybridDrafter(Drafter):
         if verified.step == 0:
             self._prefill_s_per_token = verified.seconds / max(1, self._prompt_tokens)
         elif verified.seconds:
-            self._forward_s = (self._forward_s + [verified.seconds])[-9:]
+            n = 1 + int(verified.num_drafted.max()) if verified.num_drafted.numel() else 1
+            self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             unverified = [*self._suffix_acceptance, self._model_acceptance]
             for (source, match_length, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
@@ -236,19 +241,23 @@ class HybridDrafter(Drafter):
         after a match of ``match_length`` tokens: the highest predicted tokens per second, plain decoding's one
         token per forward included (see the module docstring). ``catch_up_s``: the model's one-off catch-up in
         seconds, spread over the ``remaining_tokens / E[tokens per step]`` steps left."""
-        forward = statistics.median(self._forward_s) if self._forward_s else 1.0
+        medians = {n: statistics.median(t) for n, t in self._forward_s.items() if t}
+
+        def forward(positions: float) -> float:
+            return forward_time(medians, positions) if medians else 1.0
+
         # priced per drafted token: a draft model's time grows with k, and the controller changes k (a time
         # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model); a draft that
         # stops when unsure (the confidence stop) drafts a share of the k it is asked for
-        model_s = (k * statistics.median(t / n for t, _, n in self._model_s)
-                   * statistics.median(n / asked for _, asked, n in self._model_s)) if self._model_s else 0.0
+        share = statistics.median(n / asked for _, asked, n in self._model_s) if self._model_s else 1.0
+        model_s = k * statistics.median(t / n for t, _, n in self._model_s) * share if self._model_s else 0.0
         model_tokens = self._model_acceptance.expected_tokens(k)
         if catch_up_s and remaining_tokens:
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
-        rates = {"none": 1.0 / forward, "model": model_tokens / (forward + model_s)}
+        rates = {"none": 1.0 / forward(1), "model": model_tokens / (forward(1 + k * share) + model_s)}
         if proposal_length:
             rates["suffix"] = (self._suffix_acceptance[suffix_bucket(match_length)].expected_tokens(proposal_length)
-                               / forward)
+                               / forward(1 + proposal_length))
         return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
     def draft(self, sequences, k):
