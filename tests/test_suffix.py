@@ -321,6 +321,32 @@ def test_hybrid_priors_follow_the_match_length(pair):
     assert d.choose_source(0, match_length=0, k=6) == "model"
 
 
+def test_hybrid_lowers_every_suffix_prior_when_its_drafts_are_accepted_less_than_the_priors_expect(pair):
+    """Sampling accepts a one-hot suffix token with the target's probability of it, under the greedy priors: three
+    long-match proposals rejected at their first token lower every suffix prior (pooled over the buckets), so a
+    long match no longer beats a model whose drafts are accepted. Without the pooled factor the bucket's later
+    positions, never reached, kept their prior of 0.85 and the proposal still won. A call whose suffix drafts
+    do better than the priors leaves them as they are (the factor is at most 1)."""
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 6)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=512))
+    d._forward_s, d._model_s = {1: [0.2]}, [(0.1, 6, 4)]  # the model drafts 4 of the 6 asked in half a forward
+    for _ in range(6):
+        d._model_acceptance.add(4, 2, 6)
+    assert d.choose_source(6, match_length=12, k=6) == "suffix"
+    assert d.suffix_prior_scale() == 1.0
+    for step in range(1, 4):
+        d._chosen = [("suffix", 12, 6)]
+        d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([0]), seconds=0.2))
+    assert d.suffix_prior_scale() < 0.65
+    assert d.choose_source(6, match_length=12, k=6) == "model"
+    for step in range(4, 20):  # then suffix drafts accepted in full: the factor climbs back, never above 1
+        d._chosen = [("suffix", 12, 6)]
+        d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([6]), seconds=0.2))
+    assert d.suffix_prior_scale() == 1.0
+    assert d.choose_source(6, match_length=12, k=6) == "suffix"
+
+
 def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
     """A source written off on a few drafts is measured again: the counts of a kind of draft not verified in a
     step decay as if observed, so its estimate drifts back to the prior (a coding prompt measured the draft
