@@ -202,7 +202,7 @@ class HybridDrafter(Drafter):
         self._vocab = logit_rows(target)
         self._suffix_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in SUFFIX_PRIORS]
         self._model_acceptance = _Acceptance(self.decay)
-        self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and as many as the priors expected (decayed)
+        self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
         self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
         self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
@@ -250,8 +250,8 @@ class HybridDrafter(Drafter):
         expected at the positions verified, pooled over the match-length buckets, with :data:`PRIOR_WEIGHT`
         pseudo-tokens at 1. The priors were measured on greedy outputs; a one-hot draft token is accepted with
         the target's probability of it when sampling, and each bucket learning that alone (its later positions
-        never reached after a rejected first token) cost a step per failed draft (issue 21, Qwen2.5-Instruct's
-        sampling settings: the hybrid at 0.92 of its better source, 15.8% of its suffix tokens accepted)."""
+        never reached after a rejected first token) cost a step per failed draft (docs/benchmarks.md, the hybrid
+        drafter under sampling)."""
         accepted, expected = self._suffix_evidence
         return min(1.0, (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT))
 
