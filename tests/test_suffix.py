@@ -294,6 +294,23 @@ def test_hybrid_prices_each_choice_by_the_positions_it_verifies(pair):
     assert d._forward_s == {4: [0.2], 1: [0.1]}
 
 
+def test_a_model_draft_that_caught_up_counts_for_its_length_not_its_time(pair, monkeypatch):
+    """The model's first draft also prefills the prompt into the draft model: its time is not what a draft
+    costs (the catch-up is priced apart), but its length is what the model drafts. Counted for neither, the model
+    stayed priced at a verify of k + 1 positions, the dearest, while suffix proposals were priced at theirs."""
+    target, draft = pair
+    prompt = torch.tensor([[5, 9, 2, 7] * 10])  # 40 tokens: more than k + 1 to catch up on at the first draft
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 6)).start(target, prompt, GenerationConfig(max_length=128))
+    monkeypatch.setattr(d, "choose_source", lambda *args, **kwargs: "model")
+    tokens, num, _ = d.draft([torch.cat([prompt[0], torch.tensor([3])])], 6)
+    assert d._model_s == [(None, 6, tokens.shape[1])]
+    d._model_s = [(None, 6, 2)]  # asked for 6, it stopped when unsure after 2
+    d._forward_s = {1: [0.1], 3: [0.11], 5: [0.16], 7: [0.4]}
+    d._model_acceptance.add(2, 2, 6)
+    monkeypatch.undo()
+    assert d.choose_source(4, match_length=1, k=6) == "model"  # 3 positions, 0.11 s; not 7 positions, 0.4 s
+
+
 def test_hybrid_priors_follow_the_match_length(pair):
     """Before anything is measured, a suffix proposal is judged by its match length's prior (measured offline):
     a free proposal from a 1-token match (first token accepted ~1 in 4) loses to an unmeasured model, one from a

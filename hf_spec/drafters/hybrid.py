@@ -204,7 +204,8 @@ class HybridDrafter(Drafter):
         self._model_acceptance = _Acceptance(self.decay)
         self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
-        self._model_s: list[tuple[float, int, int]] = []  # (seconds, k asked, tokens drafted) of its latest drafts
+        # (seconds, or None for a draft that caught up on a long stretch; k asked; tokens drafted) of its latest drafts
+        self._model_s: list[tuple[float | None, int, int]] = []
         self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
@@ -270,7 +271,8 @@ class HybridDrafter(Drafter):
         # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model); a draft that
         # stops when unsure (the confidence stop) drafts a share of the k it is asked for
         share = statistics.median(n / asked for _, asked, n in self._model_s) if self._model_s else 1.0
-        model_s = k * statistics.median(t / n for t, _, n in self._model_s) * share if self._model_s else 0.0
+        per_token = [t / n for t, _, n in self._model_s if t is not None and n]
+        model_s = k * statistics.median(per_token) * share if per_token else 0.0
         model_tokens = self._model_acceptance.expected_tokens(k)
         if catch_up_s and remaining_tokens:
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
@@ -294,11 +296,13 @@ class HybridDrafter(Drafter):
         if "model" in sources:
             t0 = time.perf_counter()
             model_tokens, model_num, model_scores = self._model.draft(sequences, k)
-            if catch_up_tokens <= k + 1:
-                # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens
-                # is in the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own
-                # (catch_up_s), and counted here too it kept the model from being chosen after its first draft
-                self._model_s = (self._model_s + [(time.perf_counter() - t0, k, model_tokens.shape[1])])[-9:]
+            # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens is in
+            # the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own (catch_up_s),
+            # and counted here too it kept the model from being chosen after its first draft. Its length still
+            # counts: until one is measured the model is priced at a verify of k + 1 positions, the dearest (a RAG
+            # prompt under sampling: the model's first draft a catch-up, then suffix proposals chosen 57 times)
+            seconds = time.perf_counter() - t0 if catch_up_tokens <= k + 1 else None
+            self._model_s = (self._model_s + [(seconds, k, model_tokens.shape[1])])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
