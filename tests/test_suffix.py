@@ -287,11 +287,28 @@ def test_hybrid_prices_each_choice_by_the_positions_it_verifies(pair):
     assert d.choose_source(4, match_length=12, k=4) == "suffix"
     d._forward_s = {1: [0.1] * 3, 5: [0.1] * 3}
     assert d.choose_source(4, match_length=1, k=4) == "suffix"
-    # the loop's reports fill the table by positions per row: 1 + the longest draft verified (0: a plain step)
-    d._forward_s, d._chosen = {}, [("suffix", 1, 4)]
+    # the loop's reports fill the table by positions per row: 1 + the draft's width (a plain step: 1)
+    d._forward_s, d._chosen, d._width = {}, [("suffix", 1, 4)], 3
     d.update(VerifyOutput(step=1, num_drafted=torch.tensor([3]), num_accepted=torch.tensor([1]), seconds=0.2))
     d.update(VerifyOutput(step=2, num_drafted=torch.tensor([0]), num_accepted=torch.tensor([0]), seconds=0.1))
     assert d._forward_s == {4: [0.2], 1: [0.1]}
+
+
+def test_hybrid_files_a_forward_under_the_width_it_verified(pair, monkeypatch):
+    """In a batch the model drafts every row, as wide as its longest: a row that takes another source leaves the
+    forward that wide. Filed under 1 + the longest row verified, a 7-position forward counted as a 2-position
+    one and made short verifies look dear."""
+    target, draft = pair
+    prompt = torch.tensor([[5, 9, 2, 7], [5, 9, 2, 7]])
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 6)).start(target, prompt, GenerationConfig(max_length=64))
+    sources = iter(["model", "none"])
+    monkeypatch.setattr(d, "choose_source", lambda *args, **kwargs: next(sources))
+    monkeypatch.setattr(d._model, "draft", lambda sequences, k: (torch.ones(2, 6, dtype=torch.long),
+                                                                 torch.tensor([1, 6]), None))
+    tokens, num, _ = d.draft(list(torch.tensor([[5, 9, 2, 7, 3], [5, 9, 2, 7, 3]])), 6)
+    assert tokens.shape[1] == 6 and num.tolist() == [1, 0]
+    d.update(VerifyOutput(step=1, num_drafted=num, num_accepted=torch.tensor([1, 0]), seconds=0.5))
+    assert d._forward_s == {7: [0.5]}
 
 
 def test_a_model_draft_that_caught_up_counts_for_its_length_not_its_time(pair, monkeypatch):
@@ -357,7 +374,12 @@ def test_hybrid_lowers_every_suffix_prior_when_its_drafts_are_accepted_less_than
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([0]), seconds=0.2))
     assert d.suffix_prior_scale() < 0.65
     assert d.choose_source(6, match_length=12, k=6) == "model"
-    for step in range(4, 20):  # then suffix drafts accepted in full: the factor climbs back, never above 1
+    for step in range(4, 40):  # steps without a suffix draft: the factor drifts back to 1, as a kind's counts do
+        d._chosen = [("model", 0, 6)]
+        d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([2]), seconds=0.2))
+    assert d.suffix_prior_scale() > 0.95
+    d._suffix_evidence = [0.0, 2.03]  # three failures again
+    for step in range(40, 56):  # then suffix drafts accepted in full: the factor climbs back, never above 1
         d._chosen = [("suffix", 12, 6)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([6]), seconds=0.2))
     assert d.suffix_prior_scale() == 1.0

@@ -207,6 +207,7 @@ class HybridDrafter(Drafter):
         # (seconds, or None for a draft that caught up on a long stretch; k asked; tokens drafted) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
         self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
+        self._width = 0  # tokens per row of the last draft (its verify forward scores 1 + this many positions)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -222,7 +223,9 @@ class HybridDrafter(Drafter):
         if verified.step == 0:
             self._prefill_s_per_token = verified.seconds / max(1, self._prompt_tokens)
         elif verified.seconds:
-            n = 1 + int(verified.num_drafted.max()) if verified.num_drafted.numel() else 1
+            # the positions the forward verified: this drafter's width (a model draft is as wide as its longest
+            # row, also where that row took another source), not the longest row verified
+            n = 1 + (self._width if self._chosen is not None else 0)
             self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             unverified = [*self._suffix_acceptance, self._model_acceptance]
@@ -240,6 +243,10 @@ class HybridDrafter(Drafter):
                     unverified = [u for u in unverified if u is not kind]
             for kind in unverified:
                 kind.fade()
+            drafted = verified.num_drafted.tolist()
+            if not any(source == "suffix" and d for (source, _, _), d in zip(self._chosen, drafted)):
+                # as the counts of a kind not verified: the factor drifts back to 1 and suffix drafts are tried again
+                self._suffix_evidence[:] = [e * self.decay for e in self._suffix_evidence]
         self._chosen = None
 
     def finish(self, outputs) -> None:
@@ -249,7 +256,8 @@ class HybridDrafter(Drafter):
     def suffix_prior_scale(self) -> float:
         """The factor (<= 1) on every suffix prior: this call's suffix draft tokens accepted over those the priors
         expected at the positions verified, pooled over the match-length buckets, with :data:`PRIOR_WEIGHT`
-        pseudo-tokens at 1. The priors were measured on greedy outputs; a one-hot draft token is accepted with
+        pseudo-tokens at 1; decayed at each suffix draft and at each step without one, so that it drifts back to 1
+        as a kind's counts drift back to their prior. The priors were measured on greedy outputs; a one-hot draft token is accepted with
         the target's probability of it when sampling, and each bucket learning that alone (its later positions
         never reached after a rejected first token) cost a step per failed draft (docs/benchmarks.md, the hybrid
         drafter under sampling)."""
@@ -270,13 +278,13 @@ class HybridDrafter(Drafter):
         # priced per drafted token: a draft model's time grows with k, and the controller changes k (a time
         # measured at k = 8 charged to a draft at k = 1 made plain steps look faster than the model); a draft that
         # stops when unsure (the confidence stop) drafts a share of the k it is asked for
-        share = statistics.median(n / asked for _, asked, n in self._model_s) if self._model_s else 1.0
+        share = statistics.median(n / max(1, asked) for _, asked, n in self._model_s) if self._model_s else 1.0
         per_token = [t / n for t, _, n in self._model_s if t is not None and n]
         model_s = k * statistics.median(per_token) * share if per_token else 0.0
         model_tokens = self._model_acceptance.expected_tokens(k)
         if catch_up_s and remaining_tokens:
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
-        rates = {"none": 1.0 / forward(1), "model": model_tokens / (forward(1 + k * share) + model_s)}
+        rates = {"none": 1.0 / forward(1), "model": model_tokens / (forward(1 + round(k * share)) + model_s)}
         if proposal_length:
             rates["suffix"] = (self._suffix_acceptance[suffix_bucket(match_length)].expected_tokens(
                 proposal_length, self.suffix_prior_scale()) / forward(1 + proposal_length))
@@ -305,6 +313,7 @@ class HybridDrafter(Drafter):
             self._model_s = (self._model_s + [(seconds, k, model_tokens.shape[1])])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
+        self._width = width
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
         scores = None
