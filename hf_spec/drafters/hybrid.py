@@ -243,10 +243,6 @@ class HybridDrafter(Drafter):
                     unverified = [u for u in unverified if u is not kind]
             for kind in unverified:
                 kind.fade()
-            drafted = verified.num_drafted.tolist()
-            if not any(source == "suffix" and d for (source, _, _), d in zip(self._chosen, drafted)):
-                # as the counts of a kind not verified: the factor drifts back to 1 and suffix drafts are tried again
-                self._suffix_evidence[:] = [e * self.decay for e in self._suffix_evidence]
         self._chosen = None
 
     def finish(self, outputs) -> None:
@@ -256,8 +252,10 @@ class HybridDrafter(Drafter):
     def suffix_prior_scale(self) -> float:
         """The factor (<= 1) on every suffix prior: this call's suffix draft tokens accepted over those the priors
         expected at the positions verified, pooled over the match-length buckets, with :data:`PRIOR_WEIGHT`
-        pseudo-tokens at 1; decayed at each suffix draft and at each step without one, so that it drifts back to 1
-        as a kind's counts drift back to their prior. The priors were measured on greedy outputs; a one-hot draft token is accepted with
+        pseudo-tokens at 1, decayed at each suffix draft only: it stands for the call's regime (greedy or sampled,
+        the temperature), which a call keeps, so unlike a kind's counts it does not drift back while the suffix
+        is not chosen (docs/benchmarks.md: drifting back, it sent a RAG prompt under sampling back to failing
+        suffix drafts); the buckets' own counts still fade, so suffix proposals are tried again. The priors were measured on greedy outputs; a one-hot draft token is accepted with
         the target's probability of it when sampling, and each bucket learning that alone (its later positions
         never reached after a rejected first token) cost a step per failed draft (docs/benchmarks.md, the hybrid
         drafter under sampling)."""
