@@ -284,7 +284,7 @@ class AdaptiveK:
         rows = [(d, a, e) for d, a, e in zip(event.drafted, event.num_accepted, event.emitted) if e]
         if not rows:
             return
-        n = 1 + max(len(d) for d, _, _ in rows)  # positions per row in the verify forward
+        n = event.positions or 1 + max(len(d) for d, _, _ in rows)  # positions per row in the verify forward
         self.since_plain = 0 if n == 1 else self.since_plain + 1
         if n == 1:
             self._add(self._plain, event.verify_time_s)

@@ -39,6 +39,9 @@ class StepEvent:
         parents: for a draft tree, per row the parent of each node in ``drafted`` (``-1``: the root); the
             accepted nodes are then the ``num_accepted`` first tokens of ``emitted`` along one root path.
             ``None`` for chains.
+        positions: positions per row the target forward scored: 1 + the draft's width, which can exceed 1 + the
+            longest row in ``drafted`` (a model draft as wide as a row that then took another source; rows cut at
+            ``max_new_tokens``); 0 where not given (then read as 1 + the longest row).
     """
 
     step: int
@@ -54,6 +57,7 @@ class StepEvent:
     rows: list[int] | None = field(default=None)
     sources: list[str] | None = field(default=None)
     parents: list[list[int]] | None = field(default=None)
+    positions: int = 0
 
 
 EventListener = Callable[[StepEvent], None]

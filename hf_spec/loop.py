@@ -332,7 +332,7 @@ def _speculative_decode(
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
             if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
                 hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path))
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width))
 
     t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
     # ---- prefill: the target alone chooses each row's first token --------------------------------
@@ -462,6 +462,7 @@ def _speculative_decode(
                 t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
                 rows=list(active), sources=sources,
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
+                positions=k + 1,
             )
         )
     if session is not None:

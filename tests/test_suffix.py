@@ -287,27 +287,50 @@ def test_hybrid_prices_each_choice_by_the_positions_it_verifies(pair):
     assert d.choose_source(4, match_length=12, k=4) == "suffix"
     d._forward_s = {1: [0.1] * 3, 5: [0.1] * 3}
     assert d.choose_source(4, match_length=1, k=4) == "suffix"
-    # the loop's reports fill the table by positions per row: 1 + the draft's width (a plain step: 1)
-    d._forward_s, d._chosen, d._width = {}, [("suffix", 1, 4)], 3
+    # without the loop's positions, a report is filed under 1 + the longest row verified (a plain step: 1)
+    d._forward_s, d._chosen = {}, [("suffix", 1, 4)]
     d.update(VerifyOutput(step=1, num_drafted=torch.tensor([3]), num_accepted=torch.tensor([1]), seconds=0.2))
     d.update(VerifyOutput(step=2, num_drafted=torch.tensor([0]), num_accepted=torch.tensor([0]), seconds=0.1))
     assert d._forward_s == {4: [0.2], 1: [0.1]}
 
 
-def test_hybrid_files_a_forward_under_the_width_it_verified(pair, monkeypatch):
-    """In a batch the model drafts every row, as wide as its longest: a row that takes another source leaves the
-    forward that wide. Filed under 1 + the longest row verified, a 7-position forward counted as a 2-position
-    one and made short verifies look dear."""
-    target, draft = pair
-    prompt = torch.tensor([[5, 9, 2, 7], [5, 9, 2, 7]])
-    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 6)).start(target, prompt, GenerationConfig(max_length=64))
-    sources = iter(["model", "none"])
-    monkeypatch.setattr(d, "choose_source", lambda *args, **kwargs: next(sources))
-    monkeypatch.setattr(d._model, "draft", lambda sequences, k: (torch.ones(2, 6, dtype=torch.long),
-                                                                 torch.tensor([1, 6]), None))
-    tokens, num, _ = d.draft(list(torch.tensor([[5, 9, 2, 7, 3], [5, 9, 2, 7, 3]])), 6)
-    assert tokens.shape[1] == 6 and num.tolist() == [1, 0]
-    d.update(VerifyOutput(step=1, num_drafted=num, num_accepted=torch.tensor([1, 0]), seconds=0.5))
+def test_the_loop_reports_the_positions_each_forward_scored(pair):
+    """A draft can be wider than its longest row (the hybrid's model draft where that row took another source;
+    rows cut at max_new_tokens): the forward then scores 1 + the width. Read as 1 + the longest row, adaptive k
+    and the hybrid drafter filed a 4-position forward as a 2-position one. The loop now says how many positions
+    each forward scored, to drafters (VerifyOutput.positions) and to listeners (StepEvent.positions)."""
+    from hf_spec.adaptive import AdaptiveK
+    from hf_spec.drafters.base import Drafter
+
+    told = []
+
+    class Wide(Drafter):  # every row drafts 3 tokens; the first keeps 1, the others none
+        method = "wide"
+
+        def draft(self, sequences, k):
+            n, w = len(sequences), min(3, k)
+            return torch.full((n, w), 3, dtype=torch.long), torch.tensor([1] + [0] * (n - 1)), None
+
+        def update(self, verified):
+            told.append(verified.positions)
+
+    target, _ = pair
+    events = []
+    target.generate(torch.tensor([[5, 9, 2, 7], [5, 9, 2, 8]]), attention_mask=torch.ones(2, 4, dtype=torch.long),
+                    custom_generate=hf_spec.generate, drafter=Wide(3), num_speculative_tokens=3, max_new_tokens=4,
+                    min_new_tokens=4, do_sample=False, event_listeners=[events.append])
+    steps = [e for e in events if e.step > 0]
+    assert [e.positions for e in steps] == told[1:] and told[0] == 1
+    assert [e.positions for e in steps] == [1 + min(3, e.num_speculative_tokens) for e in steps]
+    wide = next(e for e in steps if e.positions > 2)
+    assert max(len(d) for d in wide.drafted) == 1
+    controller = AdaptiveK()
+    controller(wide)
+    assert set(controller.t_verify) == {wide.positions}
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(pair[1], 6)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                            GenerationConfig(max_length=64))
+    d.update(VerifyOutput(step=1, num_drafted=torch.tensor([1, 0]), num_accepted=torch.tensor([1, 0]), seconds=0.5,
+                          positions=7))
     assert d._forward_s == {7: [0.5]}
 
 

@@ -90,6 +90,8 @@ class VerifyOutput:
             nodes from the root's child down, padded with -1; ``hidden_states`` then holds the root's column and
             the accepted path's, in that order, so column ``num_accepted[b]`` is again the newest token's.
             ``None`` after a chain.
+        positions: positions per row this forward scored (1 at the prefill and on plain steps, else 1 + the
+            draft's width, which may exceed 1 + ``num_drafted.max()``); 0 where not given.
     """
 
     step: int
@@ -98,6 +100,7 @@ class VerifyOutput:
     hidden_states: torch.Tensor | None = None
     seconds: float = 0.0
     path: torch.LongTensor | None = None
+    positions: int = 0
 
     def last_hidden_state(self) -> torch.Tensor:
         """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column

@@ -207,7 +207,6 @@ class HybridDrafter(Drafter):
         # (seconds, or None for a draft that caught up on a long stretch; k asked; tokens drafted) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
         self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
-        self._width = 0  # tokens per row of the last draft (its verify forward scores 1 + this many positions)
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -223,9 +222,9 @@ class HybridDrafter(Drafter):
         if verified.step == 0:
             self._prefill_s_per_token = verified.seconds / max(1, self._prompt_tokens)
         elif verified.seconds:
-            # the positions the forward verified: this drafter's width (a model draft is as wide as its longest
-            # row, also where that row took another source), not the longest row verified
-            n = 1 + (self._width if self._chosen is not None else 0)
+            # the positions the forward scored: a model draft is as wide as its longest row, also where that row
+            # took another source, so 1 + the longest row verified can fall short of it
+            n = verified.positions or 1 + max(verified.num_drafted.tolist(), default=0)
             self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             unverified = [*self._suffix_acceptance, self._model_acceptance]
@@ -311,7 +310,6 @@ class HybridDrafter(Drafter):
             self._model_s = (self._model_s + [(seconds, k, model_tokens.shape[1])])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
-        self._width = width
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
         scores = None
