@@ -206,6 +206,14 @@ def _path(parents: torch.Tensor, last: torch.Tensor, depth: torch.Tensor) -> tor
     return path
 
 
+def _depth_of(depth: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    """``LongTensor[B]``: the depth of each row's ``node`` (``-1``, the root: 0), from ``depth [B, N]``; N may be 0
+    (an empty tree)."""
+    if depth.shape[1] == 0:
+        return torch.zeros_like(node)
+    return torch.where(node >= 0, depth.gather(1, node.clamp(min=0)[:, None]).squeeze(1), 0)
+
+
 def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor) -> None:
     if tokens.dim() != 2 or target.dim() != 3 or parents.shape != tokens.shape:
         raise ValueError(f"expected tokens [B, N], parents [B, N] and target scores [B, N+1, V], got "
@@ -250,8 +258,9 @@ def greedy_accept_tree(
         ok[:, j + 1] = real[:, j] & ok.gather(1, up).squeeze(1) & (tokens[:, j] == argmax.gather(1, up).squeeze(1))
     # the deepest accepted node (the earliest among equals), -1 where none
     score = torch.where(ok[:, 1:], depth * (n + 1) - torch.arange(n, device=tokens.device), -1)
-    last = torch.where(score.max(dim=1).values >= 0, score.argmax(dim=1), -1) if n else torch.full((bsz,), -1)
-    num_accepted = torch.where(last >= 0, depth.gather(1, last.clamp(min=0)[:, None]).squeeze(1), 0)
+    last = torch.where(score.max(dim=1).values >= 0, score.argmax(dim=1), -1) if n else \
+        torch.full((bsz,), -1, device=tokens.device)
+    num_accepted = _depth_of(depth, last)
     next_token = argmax.gather(1, (last + 1)[:, None]).squeeze(1)
     return num_accepted, _path(parents, last, depth), next_token
 
@@ -332,5 +341,4 @@ def speculative_sample_tree(
             cur = torch.where(accept, j, cur)
             p = torch.where(accept[:, None], target_probs[:, j + 1], p)
     next_token = torch.multinomial(p / p.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
-    num_accepted = torch.where(cur >= 0, depth.gather(1, cur.clamp(min=0)[:, None]).squeeze(1), 0)
-    return num_accepted, _path(parents, cur, depth), next_token
+    return _depth_of(depth, cur), _path(parents, cur, depth), next_token

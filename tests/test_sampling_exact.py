@@ -37,7 +37,7 @@ def processors(temperature, top_k=4, top_p=0.9):
 
 
 @torch.no_grad()
-def exact_distribution(model, procs):
+def exact_distribution(model, procs, prompt=PROMPT):
     """P(t1, t2, t3 | prompt) under the processed target distribution, by enumeration."""
     probs = {}
 
@@ -45,11 +45,11 @@ def exact_distribution(model, procs):
         logits = model(input_ids=prefix).logits[:, -1].float()
         return procs(prefix, logits).softmax(-1)[0]
 
-    p1 = step(PROMPT)
+    p1 = step(prompt)
     for a in range(V):
         if p1[a] == 0:
             continue
-        pa = torch.cat([PROMPT, torch.tensor([[a]])], 1)
+        pa = torch.cat([prompt, torch.tensor([[a]])], 1)
         p2 = step(pa)
         for b in range(V):
             if p2[b] == 0:
@@ -173,3 +173,44 @@ def test_the_hybrid_test_fails_for_a_wrong_rule(pair, monkeypatch):
     monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
     counts = sample_counts(target, draft, procs, seed=3, drafter=drafter)
     assert pvalue(counts, exact) < ALPHA
+
+
+#: every token followed by two different ones, and no pair of tokens twice: after any first sampled token t1 but 0,
+#: the suffix drafter's longest match is t1 alone, and its tree has two children (t1 + 1, t1 + 2), each with its one
+#: continuation under it
+BRANCHY = torch.tensor([list(range(V)) + [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]])
+
+
+def test_suffix_tree_sampling_is_distribution_exact_and_a_wrong_sibling_rule_fails(pair, monkeypatch):
+    """The suffix drafter's speculation trees (deterministic siblings, one-hot q) keep the target's distribution:
+    the first NEW sampled tokens after a prompt whose every token has two continuations, in batches of rows that
+    sample on their own; trying a later sibling against the target's full p instead of what the rejections left
+    of it fails the same test."""
+    from .test_tree_acceptance import wrong_sibling_rule
+
+    target, _ = pair
+    procs = processors(1.0)
+    exact = exact_distribution(target, procs, BRANCHY)
+    cfg = GenerationConfig(do_sample=True, max_length=BRANCHY.shape[1] + NEW + 1)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+
+    def counts(seed):
+        torch.manual_seed(seed)
+        found, siblings = {}, 0
+
+        def listen(event):
+            nonlocal siblings
+            siblings += sum(len(set(p)) < len(p) for p in event.parents or [])
+
+        for _ in range(N_RUNS // 300):
+            out = hf_spec.speculative_decode(target, BRANCHY.expand(300, -1), hf_spec.SuffixDrafter(2),
+                                             logits_processor=procs, stopping_criteria=stop, generation_config=cfg,
+                                             num_tree_nodes=6, event_listeners=[listen])
+            for row in out.sequences[:, BRANCHY.shape[1]:BRANCHY.shape[1] + NEW].tolist():
+                found[tuple(row)] = found.get(tuple(row), 0) + 1
+        assert siblings > 0  # trees branched
+        return found
+
+    assert pvalue(counts(7), exact) > ALPHA
+    monkeypatch.setattr(hf_spec.loop, "speculative_sample_tree", wrong_sibling_rule)
+    assert pvalue(counts(8), exact) < ALPHA

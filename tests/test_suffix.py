@@ -108,6 +108,90 @@ def test_trie_matches_brute_force_as_it_grows(seed):
     assert trie.find(last[:depth + 1]) == -1 or len(last) <= depth
 
 
+def ref_tree_paths(docs, pattern, max_depth, min_prob, depth=math.inf):
+    """Every continuation path of ``pattern`` at most ``max_depth`` long whose probability (the product of
+    each token's share of the occurrences of the pattern and the path before it) is >= min_prob: {path: prob}."""
+    out, frontier = {}, [((), 1.0)]
+    while frontier:
+        path, cum = frontier.pop()
+        if len(path) == max_depth:
+            continue
+        occ = occurrences(docs, list(pattern) + list(path), depth)
+        for t in {t for _, t in occ}:
+            p = cum * sum(u == t for _, u in occ) / len(occ)
+            if p >= min_prob:
+                out[path + (t,)] = p
+                frontier.append((path + (t,), p))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trie_speculation_tree_matches_brute_force(seed):
+    """SuffixTrie.tree, at every prefix of a growing document: each node's path and probability are the
+    reference's, parents come first, and the nodes are the max_nodes most likely paths (the multiset of
+    probabilities of the reference's top max_nodes: ties may pick other paths of the same probability)."""
+    rng = random.Random(200 + seed)
+    depth = rng.choice([5, 8, 40])
+    docs = random_docs(rng, rng.randint(1, 3), rng.choice([3, 5]))
+    trie = SuffixTrie(depth)
+    for doc in docs[:-1]:
+        trie.extend(doc)
+    last, state = docs[-1], []
+    for i, token in enumerate(last):
+        state = trie.append(state, token)
+        seen = docs[:-1] + [last[:i + 1]]
+        n, node = trie.longest_match(state, 1, rng.randint(1, 6))
+        if not n:
+            continue
+        max_nodes, max_depth, min_prob = rng.randint(1, 12), rng.randint(1, 5), rng.choice([0.0, 0.05, 0.3])
+        got = trie.tree(node, n, max_nodes, max_depth, min_prob)
+        want = ref_tree_paths(seen, last[i + 1 - n:i + 1], max_depth, min_prob, depth)
+        paths, cums = [], []
+        for t, up, p in zip(got.tokens, got.parents, got.probs):
+            assert up < len(paths)
+            paths.append((paths[up] if up >= 0 else ()) + (t,))
+            cums.append(p * (cums[up] if up >= 0 else 1.0))
+        assert len(set(paths)) == len(paths)
+        for path, cum in zip(paths, cums):
+            assert want[path] == pytest.approx(cum)
+        assert sorted(cums, reverse=True) == pytest.approx(sorted(want.values(), reverse=True)[:max_nodes])
+        assert got.expected_accepted == pytest.approx(sum(cums))
+        assert got.match_length == (n if paths else 0)
+
+
+#: prompts whose repeats give the tiny target's greedy text matches with several continuations, where the suffix
+#: drafter's tree accepted a node that is not its parent's likeliest child (found by trying random repeats)
+BRANCHING_PROMPTS = ([0, 3, 19, 10, 6, 26, 17, 3, 19, 10, 6, 26, 17, 3, 19, 10, 6],
+                     [0, 7, 29, 18, 7, 29, 18, 7, 29, 18, 31, 3, 31, 3])
+
+
+def test_suffix_tree_greedy_is_the_targets_own_output_and_takes_later_siblings(pair):
+    """SuffixDrafter.draft_tree through the loop: greedy output is the target's own, single and in a left-padded
+    batch (rows with and without a match: an empty tree is a plain step); a tree accepted a later sibling, and
+    every tree is within its bounds (num_tree_nodes, k deep)."""
+    from .test_tree_loop import _took_a_later_sibling
+
+    target, _ = pair
+    width = max(map(len, BRANCHING_PROMPTS))
+    batch = dict(input_ids=torch.tensor([[1] * (width - len(p)) + p for p in BRANCHING_PROMPTS]),
+                 attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in BRANCHING_PROMPTS]))
+    later = 0
+    for inputs in [dict(input_ids=torch.tensor([p])) for p in BRANCHING_PROMPTS] + [batch]:
+        ref = target.generate(**inputs, max_new_tokens=30, min_new_tokens=30, do_sample=False)
+        events = []
+        out = target.generate(**inputs, max_new_tokens=30, min_new_tokens=30, do_sample=False,
+                              custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                              drafter=hf_spec.SuffixDrafter(4), num_tree_nodes=8, event_listeners=[events.append])
+        assert out.sequences.tolist() == ref.tolist()
+        trees = [(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
+                 for e in events[1:] if e.parents for i in range(len(e.emitted))]
+        assert all(len(d) <= 8 for d, _, _ in trees)
+        assert any(len(set(p)) < len(p) for _, p, _ in trees)  # some trees branched
+        later += sum(_took_a_later_sibling(*t) for t in trees)
+        assert out.stats.num_target_forwards < 30
+    assert later > 0
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_suffix_array_matches_brute_force(seed):
     """Matches of arbitrary contexts (from the documents and random) and their continuations, with no depth

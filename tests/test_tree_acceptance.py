@@ -206,3 +206,15 @@ def test_filler_nodes_are_never_read():
     n, path, _ = speculative_sample_tree(tokens, parents, None, scores.softmax(-1) * 0 + torch.eye(6)[4],
                                          num_nodes=torch.tensor([2]))
     assert (n.item(), path.tolist()) == (2, [[0, 1]])
+
+
+def test_an_empty_tree_is_a_plain_step():
+    """N = 0 nodes (a drafter with nothing to propose for any row, e.g. the suffix drafter without a match):
+    nothing accepted, and the token after the root is the target's (its argmax; a sample from p)."""
+    tokens, parents = torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)
+    scores = torch.tensor([[[0.0, 3.0, 1.0]], [[2.0, 0.0, 1.0]]])
+    n, path, nxt = greedy_accept_tree(tokens, parents, scores)
+    assert (n.tolist(), tuple(path.shape), nxt.tolist()) == ([0, 0], (2, 0), [1, 0])
+    probs = torch.tensor([[[0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0]]])
+    n, path, nxt = speculative_sample_tree(tokens, parents, None, probs)
+    assert (n.tolist(), tuple(path.shape), nxt.tolist()) == ([0, 0], (2, 0), [1, 2])

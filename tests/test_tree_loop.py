@@ -232,9 +232,9 @@ def test_a_bad_tree_is_refused_with_the_drafters_name():
 @pytest.mark.slow
 def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_prompts):
     """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter, EAGLE-2-style) of its weak layer-skip
-    draft: every output is plain greedy's (or first differs at a float32 near-tie), and trees took later siblings.
-    (Run alone: ~1 min; never beside another torch process on 2 cores, where oversubscribed threads made it
-    14 min.)"""
+    draft, and with the suffix drafter's speculation trees: every output is plain greedy's (or first differs at a
+    float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never beside another
+    torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
     from .conftest import TIE_BOUND, encode, first_divergence, top2_gap
 
     model, tok = smol
@@ -242,14 +242,16 @@ def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_promp
     for q in specbench_prompts[::8]:
         enc = encode(tok, q.text)
         base = model.generate(**enc, max_new_tokens=16, do_sample=False)
-        events = []
-        out = model.generate(**enc, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
-                             return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(smol_drafts["skip"], 3),
-                             num_tree_nodes=10, event_listeners=[events.append])
-        j = first_divergence(out.sequences, base, enc["input_ids"].shape[1])
-        assert j is None or top2_gap(model, base[:, :j]) < TIE_BOUND, q.question_id
-        later += sum(_took_a_later_sibling(e.drafted[0], e.parents[0], e.emitted[0][:e.num_accepted[0]])
-                     for e in events[1:] if e.parents)
+        for drafter, nodes in ((hf_spec.DraftModelDrafter(smol_drafts["skip"], 3), 10), (hf_spec.SuffixDrafter(4), 8)):
+            events = []
+            out = model.generate(**enc, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                                 return_dict_in_generate=True, drafter=drafter, num_tree_nodes=nodes,
+                                 event_listeners=[events.append])
+            j = first_divergence(out.sequences, base, enc["input_ids"].shape[1])
+            assert j is None or top2_gap(model, base[:, :j]) < TIE_BOUND, (q.question_id, drafter.method)
+            if drafter.method == "draft":
+                later += sum(_took_a_later_sibling(e.drafted[0], e.parents[0], e.emitted[0][:e.num_accepted[0]])
+                             for e in events[1:] if e.parents)
     assert later > 0
 
 

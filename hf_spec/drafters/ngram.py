@@ -37,6 +37,7 @@ class NgramDrafter(SuffixDrafter):
     method = "ngram"
     takes_corpus = False
     most_recent = True
+    drafts_trees = False  # the most recent continuation is one path: no tree
 
     def __init__(self, num_speculative_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1):
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):

@@ -78,6 +78,7 @@ class SuffixDrafter(Drafter):
 
     method = "suffix"
     takes_corpus = True
+    drafts_trees = True
     #: follow the most frequent continuation (False) or the most recent occurrence's (True: prompt lookup)
     most_recent = False
 
@@ -140,13 +141,17 @@ class SuffixDrafter(Drafter):
                 self._states[b] = self._trie.extend(seq[self._indexed[b]:].tolist(), self._states[b])
                 self._indexed[b] = len(seq)
 
-    def propose(self, b: int, sequence: torch.LongTensor, k: int) -> Proposal:
+    def propose(self, b: int, sequence: torch.LongTensor, k: int, num_nodes: int = 0) -> Proposal:
         """Row b's proposal of at most k tokens (after :meth:`index`): the best of the current text's, the
         corpus's and past outputs' (most expected accepted tokens, then the longer match, then the current
-        text)."""
+        text). With ``num_nodes``, the current text's proposal is a speculation tree of at most that many nodes
+        (:meth:`~hf_spec.drafters.suffix_index.SuffixTrie.tree`, k deep); the corpus's and past outputs' stay
+        chains."""
         n, node = self._trie.longest_match(self._states[b], self.min_match, self.max_match)
         candidates = []
-        if n:
+        if n and num_nodes:
+            candidates.append(self._trie.tree(node, n, num_nodes, self._limit(n, k), self.min_token_prob))
+        elif n:
             candidates.append(self._trie.continuation(node, n, self._limit(n, k), self.min_token_prob,
                                                       self.most_recent))
         context = None
@@ -176,6 +181,30 @@ class SuffixDrafter(Drafter):
         for b, f in enumerate(found):
             tokens[b, :len(f)] = torch.tensor(f, dtype=torch.long)
         return tokens, torch.tensor([len(f) for f in found], dtype=torch.long), None
+
+    def draft_tree(self, sequences, k, num_nodes):
+        """SuffixDecoding's speculation tree per row (Oliaro et al. 2024, section 4.2): the ``num_nodes`` most
+        likely continuations of the longest match, at most k deep (and ``max_spec_factor`` x the match length),
+        none below ``min_token_prob`` (:meth:`~hf_spec.drafters.suffix_index.SuffixTrie.tree`); a corpus's or past
+        outputs' chain where it promises more. Deterministic nodes (no scores): verified with one-hot q, so
+        greedy output stays the target's and sampled output keeps its distribution.
+
+        Returns:
+            ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``.
+        """
+        self.index(sequences)
+        found = []
+        for b, seq in enumerate(sequences):
+            p = self.propose(b, seq, k, num_nodes)
+            up = p.parents if p.parents is not None else list(range(-1, len(p.tokens) - 1))
+            found.append((p.tokens[:num_nodes], up[:num_nodes]))
+        width = max((len(t) for t, _ in found), default=0)
+        tokens = torch.zeros(len(found), width, dtype=torch.long)
+        parents = torch.full((len(found), width), -1, dtype=torch.long)
+        for b, (t, up) in enumerate(found):
+            tokens[b, :len(t)] = torch.tensor(t, dtype=torch.long)
+            parents[b, :len(up)] = torch.tensor(up, dtype=torch.long)
+        return tokens, torch.tensor([len(t) for t, _ in found], dtype=torch.long), None, parents
 
 
 def _corpus_index(corpus, tokenizer) -> SuffixArray | None:

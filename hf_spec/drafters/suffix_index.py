@@ -38,20 +38,30 @@ class Proposal:
         tokens: the proposed token ids, in order.
         probs: per token, its empirical probability given the match and the tokens before it (0 < p <= 1).
         match_length: n, the length of the matched suffix of the context (0: no match, no tokens).
+        parents: ``None`` for a chain; for a tree (:meth:`SuffixTrie.tree`), per token the index of its parent
+            token in ``tokens`` (-1: it follows the context directly); a parent comes before its children.
     """
 
     tokens: list[int]
     probs: list[float]
     match_length: int
+    parents: list[int] | None = None
 
     @property
     def expected_accepted(self) -> float:
-        """``sum_i prod_{j <= i} probs[j]``: the tokens expected to be accepted if the probabilities hold."""
-        total, cum = 0.0, 1.0
-        for p in self.probs:
-            cum *= p
-            total += cum
-        return total
+        """The tokens expected to be accepted if the probabilities hold: the sum over nodes of the product of
+        the probabilities from the first token down to the node (a chain: ``sum_i prod_{j <= i} probs[j]``;
+        siblings are exclusive outcomes, so a tree's nodes add up the same way)."""
+        if self.parents is None:
+            total, cum = 0.0, 1.0
+            for p in self.probs:
+                cum *= p
+                total += cum
+            return total
+        cums: list[float] = []
+        for p, up in zip(self.probs, self.parents):
+            cums.append(p * (cums[up] if up >= 0 else 1.0))
+        return sum(cums)
 
 
 class SuffixTrie:
@@ -80,6 +90,8 @@ class SuffixTrie:
         self.cont = [0]
         self.best = [-1]
         self.recent = [-1]
+        self.first_child = [-1]  # the children of a node as a linked list, newest first (for :meth:`tree`)
+        self.next_sibling = [-1]
         self.num_tokens = 0  # tokens appended, all documents together (the position of the next one)
 
     def __len__(self) -> int:
@@ -118,6 +130,9 @@ class SuffixTrie:
                 cont.append(0)
                 best.append(-1)
                 recent.append(-1)
+                self.next_sibling.append(self.first_child[parent])
+                self.first_child.append(-1)
+                self.first_child[parent] = c
             count[c] += 1
             cont[parent] += 1
             b = best[parent]
@@ -187,6 +202,44 @@ class SuffixTrie:
             probs.append(p)
             node = c
         return Proposal(tokens, probs, match_length if tokens else 0)
+
+    def tree(self, node: int, match_length: int, max_nodes: int, max_depth: int, min_prob: float = 0.0) -> Proposal:
+        """A speculation tree below ``node`` (a match of length ``match_length``), as SuffixDecoding grows one
+        (Oliaro et al. 2024, section 4.2): best first by the continuation's empirical probability, the
+        product of ``count(child) / cont(parent)`` from the match down, so the ``max_nodes`` most likely
+        continuations of at most ``max_depth`` tokens whose probability is ``>= min_prob``. Ties: the node
+        indexed later. A node's probability is never above its parent's, so parents come before children.
+
+        Returns:
+            A :class:`Proposal` with ``parents`` (per node, the index of its parent node, -1 for a child of the
+            text's last token) and ``probs`` the nodes' probabilities given their parents; with one child per
+            node it is the chain :meth:`continuation` walks (ties aside).
+        """
+        import heapq
+
+        count, cont, first, sibling, token = self.count, self.cont, self.first_child, self.next_sibling, self.token
+        heap: list[tuple[float, int, int, int, float]] = []
+
+        def push(parent_node: int, parent_index: int, cum: float, depth: int) -> None:
+            if depth > max_depth or cont[parent_node] == 0:
+                return
+            total = cont[parent_node]
+            c = first[parent_node]
+            while c >= 0:
+                p = count[c] / total
+                if cum * p >= min_prob:
+                    heapq.heappush(heap, (-cum * p, -c, parent_index, depth, p))
+                c = sibling[c]
+
+        tokens, parents, probs = [], [], []
+        push(node, -1, 1.0, 1)
+        while heap and len(tokens) < max_nodes:
+            neg_cum, neg_c, parent_index, depth, p = heapq.heappop(heap)
+            tokens.append(token[-neg_c])
+            parents.append(parent_index)
+            probs.append(p)
+            push(-neg_c, len(tokens) - 1, -neg_cum, depth + 1)
+        return Proposal(tokens, probs, match_length if tokens else 0, parents)
 
 
 class SuffixArray:
