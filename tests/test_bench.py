@@ -49,11 +49,13 @@ def test_parse_methods():
     assert [(m.name, m.spec, m.k) for m in mixed] == [("suffix", "suffix", 3),
                                                       ("hybrid:draft:smollm2-135m", "hybrid:draft:smollm2-135m", 3),
                                                       ("hybrid:medusa:smollm2-135m", "hybrid:medusa:smollm2-135m", 4)]
-    trees = parse_methods("draft:smollm2-135m,medusa:smollm2-135m,ngram,hf-assisted", [3], trees=[0, 16, "auto"])
+    trees = parse_methods("draft:smollm2-135m,medusa:smollm2-135m,suffix,ngram,hybrid:draft:smollm2-135m,hf-assisted",
+                          [3], trees=[0, 16, "auto"])
     assert [(m.name, m.tree) for m in trees] == [
         ("baseline", 0), ("draft:smollm2-135m", 0), ("draft:smollm2-135m@tree=16", 16),
         ("draft:smollm2-135m@tree=auto", "auto"), ("medusa:smollm2-135m", 0), ("medusa:smollm2-135m@tree=16", 16),
-        ("medusa:smollm2-135m@tree=auto", "auto"), ("ngram", 0), ("hf-assisted", 0)]  # chains only: once
+        ("medusa:smollm2-135m@tree=auto", "auto"), ("suffix", 0), ("suffix@tree=16", 16), ("suffix@tree=auto", "auto"),
+        ("ngram", 0), ("hybrid:draft:smollm2-135m", 0), ("hf-assisted", 0)]  # chains only: once
     assert [m.name for m in parse_methods("draft:smollm2-135m", [3], trees=[8])] == ["baseline", "draft:smollm2-135m@tree=8"]
     medusa = parse_methods("medusa:smollm2-135m", [2])[1]  # the shipped heads, by name
     assert (medusa.name, medusa.kind, medusa.spec, medusa.k) == ("medusa:smollm2-135m", "hf-spec", "medusa:smollm2-135m", 2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from .base import Drafter
 from .suffix import SuffixDrafter
 
 __all__ = ["NgramDrafter"]
@@ -38,6 +39,7 @@ class NgramDrafter(SuffixDrafter):
     takes_corpus = False
     most_recent = True
     drafts_trees = False  # the most recent continuation is one path: no tree
+    draft_tree = Drafter.draft_tree  # (SuffixDrafter's trees rank by frequency, which prompt lookup does not)
 
     def __init__(self, num_speculative_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1):
         if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):

@@ -68,9 +68,9 @@ class SuffixDrafter(Drafter):
         max_match: the longest suffix matched (tokens, >= min_match).
         min_match: the shortest suffix matched (tokens, >= 1).
         max_spec_factor: at most ``ceil(max_spec_factor * n)`` tokens are proposed after a match of n tokens
-            (> 0; ``math.inf``: up to k).
+            (> 0; ``math.inf``: up to k); a tree (:meth:`draft_tree`) is at most that deep.
         min_token_prob: stop the proposal where the product of its tokens' empirical probabilities falls below
-            this (0 <= p <= 1; 0: never).
+            this (0 <= p <= 1; 0: never); a tree keeps only the nodes whose path's product is at least this.
 
     Raises:
         ValueError: a bad setting; texts in ``corpus`` without ``tokenizer``; negative token ids.
@@ -162,8 +162,8 @@ class SuffixDrafter(Drafter):
                 context = sequence[-self.max_match:].tolist()
             m, lo, hi = index.match_of(context, self.min_match, self.max_match)
             if m and m >= n:  # a shorter match than the current text's is weaker evidence
-                candidates.append(index.continuation(m, lo, hi, self._limit(m, k), self.min_token_prob,
-                                                     self.most_recent))
+                limit = self._limit(m, k) if not num_nodes else min(self._limit(m, k), num_nodes)
+                candidates.append(index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent))
         best = Proposal([], [], 0)
         for c in candidates:
             if (c.expected_accepted, c.match_length) > (best.expected_accepted, best.match_length):
