@@ -254,8 +254,9 @@ class HybridDrafter(Drafter):
         pseudo-tokens at 1, decayed at each suffix draft only: it stands for the call's regime (greedy or sampled,
         the temperature), which a call keeps, so unlike a kind's counts it does not drift back while the suffix
         is not chosen (docs/benchmarks.md: drifting back, it sent a RAG prompt under sampling back to failing
-        suffix drafts); the buckets' own counts still fade, so suffix proposals are tried again. The priors were measured on greedy outputs; a one-hot draft token is accepted with
-        the target's probability of it when sampling, and each bucket learning that alone (its later positions
+        suffix drafts); the buckets' own counts still fade, so suffix proposals are tried again. The priors were
+        measured on greedy outputs; a one-hot draft token is accepted with the target's probability of it when
+        sampling, and each bucket learning that alone (its later positions
         never reached after a rejected first token) cost a step per failed draft (docs/benchmarks.md, the hybrid
         drafter under sampling)."""
         accepted, expected = self._suffix_evidence

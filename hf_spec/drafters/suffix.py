@@ -176,11 +176,7 @@ class SuffixDrafter(Drafter):
     def draft(self, sequences, k):
         self.index(sequences)
         found = [self.propose(b, seq, k).tokens for b, seq in enumerate(sequences)]
-        width = max((len(f) for f in found), default=0)
-        tokens = torch.zeros(len(found), width, dtype=torch.long)
-        for b, f in enumerate(found):
-            tokens[b, :len(f)] = torch.tensor(f, dtype=torch.long)
-        return tokens, torch.tensor([len(f) for f in found], dtype=torch.long), None
+        return _padded(found, 0), torch.tensor([len(f) for f in found], dtype=torch.long), None
 
     def draft_tree(self, sequences, k, num_nodes):
         """SuffixDecoding's speculation tree per row (Oliaro et al. 2024, section 4.2): the ``num_nodes`` most
@@ -193,18 +189,16 @@ class SuffixDrafter(Drafter):
             ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``.
         """
         self.index(sequences)
-        found = []
-        for b, seq in enumerate(sequences):
-            p = self.propose(b, seq, k, num_nodes)
-            up = p.parents if p.parents is not None else list(range(-1, len(p.tokens) - 1))
-            found.append((p.tokens[:num_nodes], up[:num_nodes]))
-        width = max((len(t) for t, _ in found), default=0)
-        tokens = torch.zeros(len(found), width, dtype=torch.long)
-        parents = torch.full((len(found), width), -1, dtype=torch.long)
-        for b, (t, up) in enumerate(found):
-            tokens[b, :len(t)] = torch.tensor(t, dtype=torch.long)
-            parents[b, :len(up)] = torch.tensor(up, dtype=torch.long)
-        return tokens, torch.tensor([len(t) for t, _ in found], dtype=torch.long), None, parents
+        found = [self.propose(b, seq, k, num_nodes) for b, seq in enumerate(sequences)]  # each <= num_nodes
+        parents = [p.parents if p.parents is not None else list(range(-1, len(p.tokens) - 1)) for p in found]
+        return (_padded([p.tokens for p in found], 0), torch.tensor([len(p.tokens) for p in found], dtype=torch.long),
+                None, _padded(parents, -1))
+
+
+def _padded(rows: list[list[int]], fill: int) -> torch.LongTensor:
+    """``LongTensor[B, max length]``: the rows, each padded on the right with ``fill``."""
+    width = max(map(len, rows), default=0)
+    return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
 
 
 def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
