@@ -393,8 +393,12 @@ def _speculative_decode(
             proposal = session.draft_tree(sequences, k_step, nodes) if nodes else session.draft(sequences, k_step)
             drafts, num_drafted, draft_scores, parents = _checked_draft(
                 session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
-            if parents is None:  # a tree's rows end at max_length inside the accepted path (append_until_stop)
+            if parents is None:  # a chain's tokens past a row's budget become filler (masked, never accepted)
                 num_drafted = torch.minimum(num_drafted, budget)
+            else:  # a tree's nodes past it are dropped: they would sit past max_length, at positions plain
+                # decoding never reaches (GPT-2's wpe has none at n_positions)
+                drafts, num_drafted, draft_scores, parents = _within_budget(drafts, num_drafted, draft_scores,
+                                                                            parents, budget)
             sources = session.last_sources
         else:
             drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
@@ -496,6 +500,30 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
         raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
                          "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, SuffixDrafter)")
     return (0, sizer) if sizer is not None else (num_tree_nodes, None)
+
+
+def _within_budget(tokens, num_drafted, scores, parents, budget):
+    """A batch of draft trees without the nodes deeper than each row's ``budget [B]`` (the drafted tokens it can
+    still emit before ``max_length``): ``(tokens [B, N], num_drafted [B], scores [B, N, V] or None, parents [B, N])``
+    with each row's kept nodes first, in their order, and parents re-indexed. A kept node's ancestors are
+    shallower, so kept too: what remains is a tree, verified and accepted like any other (the greedy and the
+    recursive rejection rules are exact for every tree)."""
+    from .acceptance import tree_depths
+
+    cols = torch.arange(tokens.shape[1], device=tokens.device)
+    real = cols[None, :] < num_drafted[:, None]
+    keep = real & (tree_depths(parents, num_drafted) <= budget[:, None])
+    if bool((keep == real).all()):
+        return tokens, num_drafted, scores, parents
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # kept nodes first, in order
+    new_index = keep.to(torch.long).cumsum(dim=1) - 1  # a kept node's index after the drop
+    moved = parents.gather(1, order)
+    num_drafted = keep.sum(dim=1)
+    parents = torch.where((moved >= 0) & (cols[None, :] < num_drafted[:, None]),
+                          new_index.gather(1, moved.clamp(min=0)), -1)
+    if scores is not None:
+        scores = scores.gather(1, order[:, :, None].expand_as(scores))
+    return tokens.gather(1, order), num_drafted, scores, parents
 
 
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,

@@ -141,13 +141,54 @@ def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
             assert out.sequences.tolist() == ref.tolist(), nodes
             assert all(len(p) <= max(nodes, 3) for e in events[1:] if e.parents for p in e.parents)
             runs[nodes] = out.stats, [e.drafted for e in events[1:]]
-        # W = 1: the chain's drafts, at every step before max_length cut the chain (a tree is not cut: its rows
-        # stop inside the accepted path)
+        # W = 1: the chain's drafts, at every step before max_length cut the chain (or the tree, per row)
         full = [(t, c) for t, c in zip(runs[3][1], runs[0][1]) if all(len(row) == 3 for row in c)]
         assert len(full) >= 6 and all(t == c for t, c in full)
         assert any(_took_a_later_sibling(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
                    for e in events[1:] if e.parents for i in range(len(e.emitted)))
     assert runs[20][0].num_target_forwards < runs[0][0].num_target_forwards  # the batch
+
+
+class WrongForRowZero(ModelTreeDrafter):
+    """The model's tree, with every token of batch row 0 (left-padded) replaced by another: row 1 (unpadded, its
+    positions as long as its length) advances k + 1 tokens a step, row 0 one, so near max_length their budgets
+    differ by more than one."""
+
+    def draft(self, sequences, k):
+        tokens, num_drafted, scores, parents = super().draft(sequences, k)
+        for b, seq in enumerate(sequences):
+            if seq[:2].tolist() == [0, 5]:  # row 0's prompt (INPUTS[1]), wherever it sits after row 1 finished
+                tokens[b] = (tokens[b] + 1) % self.model.config.vocab_size
+        return tokens, num_drafted, scores, parents
+
+
+def test_no_row_of_a_batchs_tree_reaches_past_max_length():
+    """Rows of a batch that reach max_length at different steps: no row's tree node may sit past it (a chain's
+    tokens past a row's budget are masked filler; a tree's nodes, not a prefix, are dropped). A GPT-2 target has
+    no position embedding there (n_positions = max_length), and plain decoding never goes there; the output
+    stays the target's own."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
+                  eos_token_id=None, pad_token_id=1)  # wide weights: a tiny GPT-2 that does not repeat one token
+    inputs, new = INPUTS[1], 14
+    target = GPT2LMHeadModel(GPT2Config(n_positions=inputs["input_ids"].shape[1] + new, **common)).eval()
+    draft = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()  # the target, looking further ahead
+    weights = target.state_dict()
+    weights["transformer.wpe.weight"] = torch.cat([weights["transformer.wpe.weight"], torch.zeros(64 - 22, 32)])
+    draft.load_state_dict(weights)
+    highest = []
+    target.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    ref = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    highest.clear()
+    events = []
+    out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                          drafter=WrongForRowZero(draft, 4), event_listeners=[events.append])
+    assert out.sequences.tolist() == ref.tolist()
+    assert max(highest) < 22
+    assert [len(row) for row in events[2].emitted] == [1, 5]  # the rows drift apart as meant
 
 
 def test_draft_model_tree_levels_see_their_ancestors_only(attention_path):
@@ -319,3 +360,19 @@ def test_medusa_measures_each_heads_rank_accuracy_from_what_the_target_emitted()
     assert acc[0][1] == pytest.approx((1 + PRIOR_WEIGHT * prior_accuracy(0, 1)) / (1 + PRIOR_WEIGHT))
     assert acc[0][0] == pytest.approx(PRIOR_WEIGHT * prior_accuracy(0, 0) / (1 + PRIOR_WEIGHT))
     assert acc[2][0] == pytest.approx(prior_accuracy(2, 0))
+
+
+def test_a_trees_system_efficiency_counts_its_depth_not_its_nodes():
+    """vLLM's system efficiency is emitted tokens over the most the drafts allowed: for a tree, one path of it (its
+    depth) plus the target's token. A fully accepted 5-node tree of depth 2 allowed 3 tokens and emitted 3."""
+    from hf_spec.events import StepEvent
+
+    stats = hf_spec.SpecStats()
+    stats(StepEvent(0, 0, [[]], [0], [[7]], 0.0, 0.0, 0.1, [False]))
+    # root children 0, 1, 2; node 3 under 0, node 4 under 1: depth 2; path 0 -> 3 accepted, then the target's token
+    stats(StepEvent(1, 2, [[4, 5, 6, 8, 9]], [2], [[4, 8, 3]], 0.0, 0.0, 0.2, [False], parents=[[-1, -1, -1, 0, 1]]))
+    assert stats.system_efficiency == 1.0
+    assert stats.num_draft_tokens == 5 and stats.acceptance_rate == 2 / 5  # every node verified counts as drafted
+    # a chain keeps its meaning: 3 drafted, 1 accepted, 2 emitted of the 4 it allowed
+    stats(StepEvent(2, 3, [[1, 2, 3]], [1], [[1, 5]], 0.0, 0.0, 0.3, [False]))
+    assert stats.system_efficiency == (3 + 2) / (3 + 4)
