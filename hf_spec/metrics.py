@@ -175,9 +175,10 @@ class SpecStats:
 
     @property
     def system_efficiency(self) -> float:
-        """Emitted tokens over the most that the drafts allowed (vLLM's system efficiency)."""
+        """Emitted tokens over the most that the drafts allowed (vLLM's system efficiency): per step, the drafted
+        chain's length (a tree's depth: one path of it can be accepted) plus the target's own token."""
         steps = self.num_row_steps - self.num_sequences
-        best = self.num_draft_tokens + steps
+        best = sum(self.drafted_per_position) + steps
         return (self.num_emitted_tokens - self.num_sequences) / best if best > 0 else 0.0
 
     def merge(self, other: "SpecStats") -> "SpecStats":
