@@ -35,7 +35,8 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line has neither ``turns`` nor ``prompt``, or a prompt is empty.
+        ValueError: a line that is not a JSON object, has neither ``turns`` (a list) nor ``prompt``, or whose
+            prompt is empty; a category in ``categories`` that the file does not have.
     """
     path = Path(path) if path is not None else SPECBENCH_PATH
     wanted = set(categories) if categories else None
@@ -50,7 +51,13 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg}); a .jsonl file has one object "
                                  "per line, e.g. {\"prompt\": \"...\"}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: not a JSON object but {type(obj).__name__}; a .jsonl file has one "
+                                 "object per line, e.g. {\"prompt\": \"...\"}")
             if "turns" in obj:
+                if not isinstance(obj["turns"], list):
+                    raise ValueError(f"{path}:{lineno}: 'turns' must be a list of strings (turn 1 is used), got "
+                                     f"{type(obj['turns']).__name__}; e.g. {{\"turns\": [\"...\"]}}")
                 text = obj["turns"][0] if obj["turns"] else ""
             elif "prompt" in obj:
                 text = obj["prompt"]
@@ -65,7 +72,18 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
                 continue
             counts[cat] = counts.get(cat, 0) + 1
             out.append(Question(str(obj.get("question_id", lineno)), cat, text))
+    if wanted is not None and wanted - set(counts):
+        present = _categories(path)
+        raise ValueError(f"no questions of categories {sorted(wanted - set(counts))} in {path}; it has "
+                         f"{', '.join(present)}")
     return out
+
+
+def _categories(path) -> list[str]:
+    """Every category of a question file, in file order (for the error naming an unknown one)."""
+    with open(path, encoding="utf-8") as f:
+        cats = [str(json.loads(line).get("category", "default")) for line in f if line.strip()]
+    return list(dict.fromkeys(cats))
 
 
 def chat_inputs(tokenizer, text: str | list[str], chat: bool = True):

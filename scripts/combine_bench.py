@@ -1,7 +1,7 @@
 """Combine ``hf-spec bench`` runs of the same settings into one report: each prompt is taken from the last
 run that has it, so prompts re-run later (e.g. because something else shared the CPU while they ran)
-replace the first measurements. The runs must have the same target, methods, ks, token count, temperature
-and dtypes.
+replace the first measurements. The runs must have the same target, methods, ks, tree sizes, token count,
+sampling settings, dtypes and device.
 
     python scripts/combine_bench.py --out DIR FIRST_RUN_DIR RERUN_DIR ...
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 
 from hf_spec.bench import load_results, markdown_table, model_table, summarize, write_report
 
-SAME = ("target", "methods", "ks", "max_new_tokens", "temperature", "repeats", "dtype", "draft_dtype")
+SAME = ("target", "methods", "draft", "ks", "trees", "max_new_tokens", "temperature", "sampling", "repeats", "dtype",
+        "draft_dtype", "device")
 
 
 def main(argv=None) -> int:

@@ -57,8 +57,30 @@ def test_parse_methods():
         ("medusa:smollm2-135m@tree=auto", "auto"), ("suffix", 0), ("suffix@tree=16", 16), ("suffix@tree=auto", "auto"),
         ("ngram", 0), ("hybrid:draft:smollm2-135m", 0), ("hf-assisted", 0)]  # chains only: once
     assert [m.name for m in parse_methods("draft:smollm2-135m", [3], trees=[8])] == ["baseline", "draft:smollm2-135m@tree=8"]
+    # a method, k or tree size given twice runs once (twice, under one name, its kept median was the slower run)
+    assert [m.name for m in parse_methods("ngram,ngram,suffix", [3, 3])] == ["baseline", "ngram", "suffix"]
+    assert [m.name for m in parse_methods("ngram", [2, 3, 2])] == ["baseline", "ngram@k=2", "ngram@k=3"]
+    assert [m.name for m in parse_methods("suffix", [3], trees=[8, 8])] == ["baseline", "suffix@tree=8"]
     medusa = parse_methods("medusa:smollm2-135m", [2])[1]  # the shipped heads, by name
     assert (medusa.name, medusa.kind, medusa.spec, medusa.k) == ("medusa:smollm2-135m", "hf-spec", "medusa:smollm2-135m", 2)
+
+
+def test_results_read_back_with_their_tree_methods(tmp_path):
+    """load_results (and so scripts/combine_bench.py) parsed the methods without the run's tree sizes and dropped
+    every METHOD@tree=N; it also lost --draft, which hf-assisted's draft may come from."""
+    from hf_spec.bench import load_results
+
+    config = {"methods": "baseline,draft:smollm2-135m,hf-assisted", "ks": [3], "trees": [0, 16], "draft": None}
+    runs = {name: {"new_tokens": 4, "total_s": 1.0, "ttft_s": 0.1, "tpot_s": 0.3, "tokens_per_s": 4.0,
+                   "identical": True} for name in ("baseline", "draft:smollm2-135m", "draft:smollm2-135m@tree=16",
+                                                   "hf-assisted")}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"config": config, "prompts": [{"question_id": "1", "category": "coding",
+                                                               "prompt_tokens": 9, "runs": runs}]}))
+    assert [m.name for m in load_results(path)[2]] == list(runs)
+    path.write_text(json.dumps({"config": dict(config, methods="ngram,hf-assisted", draft="smollm2-135m"),
+                                "prompts": []}))
+    assert [m.spec for m in load_results(path)[2]][-1] == "smollm2-135m"
 
 
 def test_failed_report_leaves_nothing(tmp_path):
@@ -209,6 +231,13 @@ def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch)
     assert [p["question_id"] for p in raw["prompts"]] == [q.question_id for q in questions]
     with pytest.raises(ValueError, match="other settings"):
         bench.run_bench(model, tok, methods, questions, max_new_tokens=5, progress=False, journal=journal)
+    # a corpus is a setting too: a run resumed with another corpus would mix prompts drafted from two
+    suffix, other = parse_methods("suffix", [2]), dict(kw, journal=tmp_path / "other" / ".progress.pkl")
+    calls["n"] = 0  # fails again at the 5th run: 2 warm-up runs, prompt 1's 2 runs
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench(model, tok, suffix, questions, corpus=["def f(): pass"], **other)
+    with pytest.raises(ValueError, match="other settings"):
+        bench.run_bench(model, tok, suffix, questions, corpus=["def g(): return 1"], **other)
 
 
 def test_bench_names_every_difference_from_plain_decoding():

@@ -79,6 +79,8 @@ def test_generate_batches_compare_json(tmp_path):
     (["--drafter", "hybrid:ngram"], "takes a model drafter"),
     (["--tree", "0"], "expected none, auto or a number of tree nodes >= 1, got '0'"),
     (["--tree", "8"], "drafter 'ngram' drafts chains only"),
+    (["--drafter", "none", "-k", "3"], "-k is about speculative decoding, and --drafter none decodes without it"),
+    (["--drafter", "none", "--prometheus-port", "9100"], "--prometheus-port is about speculative decoding"),
 ])
 def test_bad_input_gives_clear_errors(args, msg):
     base = {"--target": "smollm2-135m", "--prompt": "hi", "--drafter": "ngram"}

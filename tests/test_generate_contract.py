@@ -248,6 +248,13 @@ def test_hub_custom_generate_folder_loads_from_a_path(tiny, text_pair, tokenizer
         assert torch.equal(out.sequences, plain) and isinstance(out, hf_spec.SpeculativeOutput), kw
         if "assistant_model" in kw or isinstance(kw.get("drafter"), hf_spec.DraftModelDrafter):
             assert out.stats.num_draft_tokens > 0, kw
+    # "none" is plain decoding, as everywhere else (it was n-gram lookup here), and refuses speculative settings
+    out = target.generate(PROMPT, custom_generate=str(HUB), trust_remote_code=True, max_new_tokens=12, do_sample=False,
+                          return_dict_in_generate=True, drafter="none")
+    assert torch.equal(out.sequences, plain) and not hasattr(out, "stats")  # transformers' own decoding
+    with pytest.raises(ValueError, match="drafter='none' decodes without speculation; drop num_speculative_tokens"):
+        target.generate(PROMPT, custom_generate=str(HUB), trust_remote_code=True, max_new_tokens=2, drafter="none",
+                        num_speculative_tokens=2)
     # streamer= reaches the loop through this path too (transformers passes every argument on)
     target, draft = text_pair
     ids = tokenizer("Once upon a time", return_tensors="pt").input_ids

@@ -170,3 +170,19 @@ def test_a_malformed_jsonl_prompt_file_names_the_file_and_line(tmp_path):
     path.write_text('{"prompt": "fine"}\nnot json\n')
     with pytest.raises(ValueError, match=r"prompts\.jsonl:2: not a JSON object"):
         load_questions(path=path)
+    # a line that is JSON but not an object, and turns given as one string (turn 1 was its first character)
+    for body, msg in (('{"prompt": "fine"}\n42\n', r"prompts\.jsonl:2: not a JSON object but int"),
+                      ('{"turns": "Write a poem"}\n', r"prompts\.jsonl:1: 'turns' must be a list of strings")):
+        path.write_text(body)
+        with pytest.raises(ValueError, match=msg):
+            load_questions(path=path)
+
+
+def test_an_unknown_category_is_named_not_dropped():
+    """--categories coding,wrting ran coding alone, and the report listed only coding."""
+    from hf_spec.prompts import load_questions
+
+    with pytest.raises(ValueError, match=r"no questions of categories \['wrting'\] in .*\.jsonl; it has "
+                                         r"writing, roleplay"):
+        load_questions(categories=["coding", "wrting"], per_category=1)
+    assert {q.category for q in load_questions(categories=["coding", "qa"], per_category=1)} == {"coding", "qa"}

@@ -289,8 +289,11 @@ def test_corpus_texts_tokens_and_bad_input(pair):
     assert out.stats.num_accepted_tokens >= len(answer) - 4
     with pytest.raises(ValueError, match="tokenizer="):
         hf_spec.SuffixDrafter(corpus=["some text"])
-    with pytest.raises(ValueError, match="texts .str. or sequences of token ids"):
-        hf_spec.SuffixDrafter(corpus=[object()])
+    for bad in ([object()], [[1.0, 2.0]], [torch.tensor([1.5, 2.0])]):  # floats were truncated to ids
+        with pytest.raises(ValueError, match="not a text or a sequence of integer token ids"):
+            hf_spec.SuffixDrafter(corpus=bad)
+    with pytest.raises(ValueError, match="corpus is a mapping"):  # a tokenizer's output: iterating gives its keys
+        hf_spec.SuffixDrafter(corpus={"input_ids": [[1, 2]], "attention_mask": [[1, 1]]})
     with pytest.raises(ValueError, match=">= 0"):
         hf_spec.SuffixDrafter(corpus=[[1, -2]])
     with pytest.raises(ValueError, match="logit rows"):

@@ -82,8 +82,10 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
         ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
             list, k < 1.
     """
-    trees = trees or [0]
-    names = [m.strip() for m in spec.split(",") if m.strip()]
+    trees = list(dict.fromkeys(trees or [0]))
+    # a method or k given twice would run twice per prompt under one name (its median then the slower of two)
+    names = list(dict.fromkeys(m.strip() for m in spec.split(",") if m.strip()))
+    ks = list(dict.fromkeys(ks))
     if not names:
         raise ValueError("--methods is empty; e.g. baseline,draft:qwen2.5-coder-0.5b,ngram,hf-assisted,hf-prompt-lookup")
     if None in ks and len(ks) > 1:
@@ -126,6 +128,13 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
                 name = n if len(ks) == 1 else f"{n}@k={k}"
                 out.append(Method(name if not tree else f"{name}@tree={tree}", kind, k, arg, tree))
     return out
+
+
+def _digest(corpus) -> str | None:
+    """A short fingerprint of a corpus (texts or token ids) for the journal's key; ``None`` without one."""
+    import hashlib
+
+    return None if corpus is None else hashlib.sha256(repr(list(corpus)).encode()).hexdigest()[:16]
 
 
 class _Timer(BaseStreamer):
@@ -313,11 +322,15 @@ def run_bench(
 
     method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec)
                    for m in methods]
+    from ..device import draft_dtype as resolve_draft_dtype
+
+    # everything a measurement depends on: a resumed run with any of it changed is refused, not mixed in
     key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
                       "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
                       "temperature": temperature, "sampling": sampling or {}, "repeats": repeats,
-                      "draft_dtype": str(draft_dtype),
-                      "dtype": str(target.dtype), "seed": seed})
+                      "draft_dtype": str(resolve_draft_dtype(target.dtype, draft_dtype, target.device)),
+                      "dtype": str(target.dtype), "device": str(target.device), "seed": seed,
+                      "corpus": _digest(corpus)})
     saved = _Journal(journal, key)
     done = saved.load()
     if not questions:

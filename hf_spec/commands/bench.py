@@ -35,6 +35,9 @@ def run_bench_command(args) -> int:
         raise ImportError("hf-spec bench needs matplotlib: pip install 'hf-spec[bench]'")
     if args.max_new_tokens < 1 or args.per_category < 1 or args.repeats < 1:
         raise ValueError("--max-new-tokens, --per-category and --repeats must be >= 1")
+    if args.k_sweep and args.max_new_tokens < 2:
+        raise ValueError("--k-sweep compares decode steps (time per output token after the first): give "
+                         "--max-new-tokens >= 2")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
     sampling = {name: value for name, value in (("top_p", args.top_p), ("top_k", args.top_k),
@@ -62,7 +65,7 @@ def run_bench_command(args) -> int:
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None
-    config = dict(machine, target=args.target, methods=args.methods, ks=ks, num_prompts=len(questions),
+    config = dict(machine, target=args.target, methods=args.methods, draft=args.draft, ks=ks, num_prompts=len(questions),
                   trees=args.tree, categories=list(dict.fromkeys(q.category for q in questions)),
                   max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
@@ -97,6 +100,9 @@ def run_tune(args) -> int:
 
     if args.k_max < 1:
         raise ValueError("--k-max must be >= 1")
+    if args.max_new_tokens < 2 or args.per_category < 1:
+        raise ValueError("tune measures decode steps (time per output token after the first): give "
+                         "--max-new-tokens >= 2 and --per-category >= 1")
     spec = parse_drafter(args.drafter)
     if spec is None:
         raise ValueError("--drafter none has nothing to tune; use ngram, draft:MODEL or medusa:DIR")

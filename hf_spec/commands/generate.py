@@ -33,6 +33,10 @@ def run(args) -> int:
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
                          f"{args.drafter!r}")
+    if spec is None and (args.k is not None or args.prometheus_port is not None):
+        raise ValueError(f"{'-k' if args.k is not None else '--prometheus-port'} is about speculative decoding, and "
+                         "--drafter none decodes without it: drop the option, or choose a drafter (e.g. ngram, suffix, "
+                         "draft:MODEL)")
     if args.tree and (spec is None or not spec.cls.drafts_trees):
         raise ValueError(f"--tree {args.tree}: drafter {args.drafter!r} drafts chains only; use --tree none, or a "
                          "drafter that drafts trees: draft:MODEL, medusa:DIR or suffix")
@@ -132,7 +136,7 @@ def _read_prompts(args) -> list[str]:
 
 def _metrics_listeners(args, drafter) -> list:
     """``--prometheus-port``: serve vLLM-named metrics on loopback, fed by an event listener."""
-    if args.prometheus_port is None or drafter is None:
+    if args.prometheus_port is None:
         return []
     from ..prometheus import PrometheusMetrics
 

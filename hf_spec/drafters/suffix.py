@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Mapping
 
 import torch
 
@@ -205,6 +206,9 @@ def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
     """The suffix array over ``corpus`` (texts, token-id sequences or tensors), or ``None`` for no corpus."""
     if corpus is None:
         return None
+    if isinstance(corpus, Mapping):  # e.g. a tokenizer's BatchEncoding: iterating it gives its keys
+        raise ValueError(f"corpus is a mapping (keys {list(corpus)[:3]}): give the texts, or token-id sequences such as "
+                         "a tokenizer's output['input_ids']")
     if isinstance(corpus, str) or (isinstance(corpus, torch.Tensor) and corpus.dim() == 1):
         corpus = [corpus]
     docs = []
@@ -217,8 +221,11 @@ def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
         elif isinstance(doc, torch.Tensor):
             doc = doc.reshape(-1).tolist()
         try:
+            if any(isinstance(t, float) or (isinstance(t, torch.Tensor) and t.is_floating_point()) for t in doc):
+                raise TypeError
             doc = [int(t) for t in doc]
         except (TypeError, ValueError):
-            raise ValueError(f"corpus[{i}] is {type(doc).__name__}: give texts (str) or sequences of token ids") from None
+            raise ValueError(f"corpus[{i}] is {type(doc).__name__}, not a text or a sequence of integer token ids: give "
+                             "texts (str) or token-id sequences") from None
         docs.append(doc)
     return SuffixArray(docs)

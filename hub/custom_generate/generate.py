@@ -6,9 +6,10 @@ every argument of the ``generate`` call, ``streamer=`` included, before anything
 
 Extra arguments:
     drafter: an hf-spec drafter (``hf_spec.DraftModelDrafter(small_model)``, ``hf_spec.NgramDrafter(3)``,
-        ``hf_spec.MedusaDrafter(heads)``) or a spec string (``"ngram"``, ``"draft:NAME"``, ``"medusa:DIR"``). Without
-        it, transformers' own settings choose one: ``assistant_model=<model>`` (a draft model) or
-        ``prompt_lookup_num_tokens=N`` (n-gram lookup); with none of them, ``"ngram"``.
+        ``hf_spec.MedusaDrafter(heads)``) or a spec string (``"ngram"``, ``"draft:NAME"``, ``"medusa:DIR"``;
+        ``"none"``: transformers' plain decoding). Without it, transformers' own settings choose one:
+        ``assistant_model=<model>`` (a draft model) or ``prompt_lookup_num_tokens=N`` (n-gram lookup); with none of
+        them, ``"ngram"``.
     num_speculative_tokens: k (an int), or ``"auto"`` for adaptive k; default: the drafter's own.
 
 Returns what ``generate`` returns: the sequences, or with ``return_dict_in_generate=True`` transformers'
@@ -23,6 +24,13 @@ from hf_spec.loop import ending_streamer
 
 def generate(model, drafter=None, **kwargs):
     with ending_streamer(kwargs.get("streamer")):  # a consumer must not wait for a call that failed here
+        if drafter == "none":  # the registry's plain decoding: transformers' own generate, no drafter chosen for it
+            given = [key for key in ("assistant_model", "prompt_lookup_num_tokens", "num_speculative_tokens")
+                     if kwargs.get(key) is not None]
+            if given:
+                raise ValueError(f"drafter='none' decodes without speculation; drop {', '.join(given)}, or choose a "
+                                 f"drafter ({drafter_specs()})")
+            return type(model).generate(model, **{key: value for key, value in kwargs.items() if value is not None})
         if isinstance(drafter, str):
             k = kwargs.get("num_speculative_tokens")
             drafter = hf_spec.make_drafter(drafter, num_speculative_tokens=k if isinstance(k, int) else None,
