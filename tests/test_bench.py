@@ -172,6 +172,9 @@ def test_bench_end_to_end(tmp_path):
     again = json.loads((combined / "results.json").read_text())
     assert again["config"]["replaced_question_ids"] == [p["question_id"] for p in res["prompts"]]
     assert markdown_table(again["methods"]) == markdown_table(res["methods"])
+    # a report written again without the sweep leaves no plot of the earlier one behind
+    write_report(out, config, summarize(raw, methods, greedy=True), raw)
+    assert not (out / "speedup_vs_k.png").exists() and (out / "speedup_by_category.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

@@ -173,6 +173,11 @@ def model_table(summary: dict) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+#: every file a report may hold; a report replaces them all
+REPORT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_position.png",
+                "speedup_vs_k.png")
+
+
 def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, prediction: dict | None = None) -> Path:
     """Write ``results.json``, ``results.md`` and the PNG plots into ``out_dir`` (all or nothing: files are
     written to a temporary folder beside it and moved in at the end)."""
@@ -207,6 +212,9 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
 
         plots(summary, tmp, prediction)
         out_dir.mkdir(exist_ok=True)
+        for name in REPORT_FILES:  # an earlier report's file this one has not (a sweep's plot) would read as this one's
+            if not (tmp / name).exists():
+                (out_dir / name).unlink(missing_ok=True)
         for f in tmp.iterdir():
             f.replace(out_dir / f.name)
     finally:
