@@ -308,6 +308,19 @@ def test_corpus_texts_tokens_and_bad_input(pair):
         hf_spec.make_drafter("ngram", corpus=["x"])
 
 
+def test_remembered_outputs_of_another_vocabulary_are_refused():
+    """The corpus was checked against the target's vocabulary, past outputs were not: a drafter shared between
+    targets failed later, blaming the draft."""
+    from .conftest import tiny_llama
+
+    big, small = tiny_llama(vocab_size=64, seed=1), tiny_llama(vocab_size=32)
+    d = hf_spec.SuffixDrafter(3, remember_outputs=100, min_token_prob=0.0)
+    _call(d, big, [40, 50, 60, 40, 50], min_new_tokens=12)
+    assert int(d.memory.index.text.max()) >= 32  # an output token the small target has no row for
+    with pytest.raises(ValueError, match="remembers outputs with token ids up to .* one SuffixDrafter per target"):
+        _call(d, small, [5, 9, 2, 7])
+
+
 def test_corpus_texts_are_tokenized_with_the_tokenizer(tokenizer):
     text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
     d = hf_spec.make_drafter("suffix", corpus=[text], tokenizer=tokenizer)

@@ -118,6 +118,11 @@ class SuffixDrafter(Drafter):
         if self.corpus is not None and self.corpus.num_tokens and int(self.corpus.text.max()) >= vocab:
             raise ValueError(f"the corpus holds token ids up to {int(self.corpus.text.max())} but the target has "
                              f"{vocab} logit rows: tokenize the corpus with the target's tokenizer")
+        memory = self.memory.index if self.memory is not None else None
+        if memory is not None and memory.num_tokens and int(memory.text.max()) >= vocab:
+            raise ValueError(f"this drafter remembers outputs with token ids up to {int(memory.text.max())} but the "
+                             f"target has {vocab} logit rows: its past outputs come from another vocabulary; use "
+                             "one SuffixDrafter per target")
         self._target_vocab = vocab
         # one trie per call, every row a document of it (rows may draft from each other's text)
         self._trie = SuffixTrie(self.max_match + max(16, self.num_speculative_tokens))
