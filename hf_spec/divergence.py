@@ -68,6 +68,9 @@ def near_tie_verdict(gap: float, model, dtype) -> str:
         return f"no measured rounding bound for {key}; compare with --dtype float32"
     if gap <= bound:
         hint = "" if key == "float32" else "; --dtype float32 makes such ties rare"
+        if gap < 0:  # this check's one forward over the prefix rounds differently from plain decoding's steps
+            hint += ("; the gap is negative: in this check's forward over the whole prefix the speculative token "
+                     "scores higher, in plain decoding's token-by-token forwards the plain one did")
         return f"a near-tie (under {bound:g}, what {key} verify rounding explains) settled the other way{hint}"
     return (f"larger than {key} verify rounding explains ({bound:g}): not a near-tie; please report it with the "
             "prompt and the command")

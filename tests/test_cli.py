@@ -276,6 +276,7 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert "not a near-tie" in _near_tie_verdict(0.2, model, torch.float32)
     assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")
     assert _near_tie_verdict(0.2, model, torch.bfloat16).startswith("a near-tie")
+    assert "the gap is negative" in _near_tie_verdict(-0.0625, model, torch.bfloat16)  # the check's own rounding
     assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
 
 
@@ -547,3 +548,18 @@ def test_the_text_summary_names_the_dtypes_of_target_and_draft(capsys):
     _print_text(Namespace(compare=False), [row], {"tokens_per_s": 8.0}, {**config, "drafter": "ngram",
                                                                          "draft_dtype": None})
     assert "draft dtype" not in capsys.readouterr().out
+    # --compare under sampling says that token identity is not what to expect there
+    totals = {"tokens_per_s": 8.0, "baseline_tokens_per_s": 4.0, "speedup": 2.0}
+    for temperature, note in ((0.0, False), (0.7, True)):
+        _print_text(Namespace(compare=True, temperature=temperature), [dict(row, identical_to_baseline=False)], totals,
+                    config)
+        assert ("identity is a greedy check" in capsys.readouterr().out) == note
+
+
+def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
+    from hf_spec.bench import parse_methods
+    from hf_spec.commands.bench import _runs_a_draft_model
+
+    assert not _runs_a_draft_model(parse_methods("suffix,ngram,hf-prompt-lookup,medusa:smollm2-135m", [3]))
+    for spec in ("draft:smollm2-135m", "hybrid:draft:smollm2-135m", "ngram,hf-assisted"):
+        assert _runs_a_draft_model(parse_methods(spec, [3], draft_name="smollm2-135m")), spec

@@ -200,7 +200,8 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"{' (' + ', '.join(config['cpu_flags']) + ')' if config.get('cpu_flags') else ''}, "
               f"{config['threads']} threads; "
               f"{config['num_prompts']} prompts, {config['max_new_tokens']} new tokens, "
-              f"temperature {config['temperature']}, dtype {config['dtype']}, draft dtype {config['draft_dtype']}.",
+              f"temperature {config['temperature']}, dtype {config['dtype']}"
+              f"{', draft dtype ' + str(config['draft_dtype']) if config.get('draft_dtype') else ''}.",
               "", markdown_table(summary), ""]
         if model_table(summary):
             md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",

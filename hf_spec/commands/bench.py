@@ -69,7 +69,8 @@ def run_bench_command(args) -> int:
                   trees=args.tree, categories=list(dict.fromkeys(q.category for q in questions)),
                   max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
-                  draft_dtype=str(draft_dtype).replace("torch.", ""), device_map=device_map, device=str(target.device),
+                  draft_dtype=str(draft_dtype).replace("torch.", "") if _runs_a_draft_model(methods) else None,
+                  device_map=device_map, device=str(target.device),
                   command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
     journal.unlink(missing_ok=True)
@@ -173,3 +174,9 @@ def run_tune(args) -> int:
     print("c and the verify cost: seconds per drafted token and per verify step inside the loop, over T_1; "
           "predicted: E[tokens per step] / (T_verify(k+1)/T_1 + k c); error: predicted / measured - 1")
     return 0
+
+
+def _runs_a_draft_model(methods) -> bool:
+    """Whether any method drafts with a draft model (``draft:NAME``, ``hybrid:draft:NAME``, transformers' assisted
+    generation): only then has the run a draft dtype to report."""
+    return any(m.kind.startswith("hf-assisted") or (m.kind == "hf-spec" and "draft:" in m.spec) for m in methods)

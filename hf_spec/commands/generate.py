@@ -57,7 +57,8 @@ def run(args) -> int:
               "dtype": str(dtype).replace("torch.", ""), "device_map": device_map, "device": str(model.device),
               "quantization": args.quantization,
               "draft_dtype": draft_kind(draft_model) if draft_model is not None else None,
-              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
+              "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+              "batch_size": min(args.batch_size, len(prompts))}
     if args.json:
         result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows, **totals}
         print(json.dumps(result, indent=2), flush=True)
@@ -237,7 +238,9 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
         print(f"{row['new_tokens']} tokens | acceptance rate {row['acceptance_rate']:.1%} | mean accepted length "
               f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
         if args.compare:
-            print(f"identical to plain decoding: {row['identical_to_baseline']}")
+            print(f"identical to plain decoding: {row['identical_to_baseline']}"
+                  + (" (sampling: a speculative and a plain run draw different samples of the same distribution; "
+                     "token identity is a greedy check)" if args.temperature > 0 else ""))
             diff = row.get("first_difference")
             if diff:
                 print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
