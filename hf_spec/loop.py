@@ -395,8 +395,9 @@ def _speculative_decode(
                 session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
             if parents is None:  # a chain's tokens past a row's budget become filler (masked, never accepted)
                 num_drafted = torch.minimum(num_drafted, budget)
-            else:  # a tree's nodes past it are dropped: they would sit past max_length, at positions plain
-                # decoding never reaches (GPT-2's wpe has none at n_positions)
+            elif bool((budget < k_step).any()):  # a tree's nodes past a row's budget are dropped: they would sit
+                # past max_length, where plain decoding never goes (GPT-2's wpe has none at n_positions); only near
+                # max_length, so most steps skip the depth pass _checked_draft already made
                 drafts, num_drafted, draft_scores, parents = _within_budget(drafts, num_drafted, draft_scores,
                                                                             parents, budget)
             sources = session.last_sources

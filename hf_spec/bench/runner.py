@@ -22,6 +22,7 @@ from transformers.generation import candidate_generator as hf_candidates
 from transformers.generation.streamers import BaseStreamer
 
 from ..device import clock
+from ..device import draft_dtype as resolve_draft_dtype
 from ..drafters.draft_model import load_draft_model
 from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
 from ..drafters.hybrid import HybridDrafter
@@ -322,8 +323,6 @@ def run_bench(
 
     method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec)
                    for m in methods]
-    from ..device import draft_dtype as resolve_draft_dtype
-
     # everything a measurement depends on: a resumed run with any of it changed is refused, not mixed in
     key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
                       "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
