@@ -6,15 +6,17 @@ re-prefill). Tokens are chosen the way the target chooses them: argmax under gre
 from the draft's logits after the call's logits processors, whose distribution is returned as q for
 speculative sampling (Leviathan et al. 2023).
 
-With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): EAGLE-2's
-expansion by the draft's cumulative probability, each level one draft forward with a tree attention mask over the
-draft's own cache; the nodes leave the draft's cache after the step, and the accepted ones are fed again at the
-next (the tokens the row gained, as after a chain).
+With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): the chain
+it would draft, each token with the draft's next likeliest tokens beside it, reranked by cumulative probability as
+EAGLE-2 reranks; each level is one draft forward with a tree attention mask over the draft's own cache; the nodes
+leave the draft's cache after the step, and the accepted ones are fed again at the next (the tokens the row
+gained, as after a chain).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -60,8 +62,8 @@ class DraftModelDrafter(Drafter):
             transformers' ``assistant_confidence_threshold`` (ConfidenceCriteria; dynamic speculation lookahead,
             Mamou et al. 2024). Default :data:`DEFAULT_CONFIDENCE_THRESHOLD`; 0 drafts k tokens every step.
             Exact either way: stopping depends only on the tokens drafted so far, so greedy output and the
-            sampled distribution are the target's. Chains only (:meth:`draft_tree` grows its trees by
-            cumulative probability already).
+            sampled distribution are the target's. A tree (:meth:`draft_tree`) stops growing where its chain
+            would stop.
 
     Raises:
         ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; (from
@@ -240,17 +242,25 @@ class DraftModelDrafter(Drafter):
 
     @torch.no_grad()
     def draft_tree(self, sequences, k, num_nodes):
-        """A draft tree grown by the draft's cumulative probability, as EAGLE-2 grows its dynamic trees (Li et al.
-        2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4): the W most likely
-        tokens after each row's last token are the first level; at each further level the W nodes of the level
-        with the highest cumulative probability (the product of the draft's probabilities along their path) are
-        fed to the draft in one forward (a tree attention mask over its own cache,
-        :meth:`~hf_spec.ragged.RaggedCache.forward_nodes`) and each gets its W most likely children; after k
-        levels the ``num_nodes`` nodes of highest cumulative probability are the tree (a node's is never above
-        its parent's, so every node's parent is in it). ``W = ceil(num_nodes / k)``, at most :data:`TREE_WIDTH`:
-        with ``num_nodes <= k`` the tree is the chain :meth:`draft` would draft. Probabilities are the draft's
-        after the call's logits processors (temperature, top-k, top-p, penalties, each node with its own path as
-        prefix); nodes with probability 0 are left out.
+        """A draft tree: the chain :meth:`draft` would draft (the draft's likeliest token after each of its own,
+        up to k, stopping where it would stop), with the draft's next W - 1 likeliest tokens beside each chain
+        token as leaves; then the ``num_nodes`` nodes of highest cumulative probability (the product of the
+        draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
+        "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
+        probability is never above its parent's, so every node's parent is in it).
+
+        This is EAGLE-2's expansion with one node expanded per level: each level is one draft forward of the
+        level's likeliest node (:meth:`~hf_spec.ragged.RaggedCache.forward_nodes`, a tree attention mask over the
+        draft's own cache), which yields its W likeliest children. On a CPU a forward of one position costs about
+        what a forward of several does, so drafting costs what the chain's does, and a verify of up to ~8
+        positions about one plain step (docs/benchmarks.md, issue 22): the siblings are nearly free, and the
+        target takes a sibling wherever it rejects the chain's token for the draft's second or third guess.
+        Expanding more nodes per level (EAGLE-2's top-k) made every level dearer here and lost to the chain.
+        ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A row stops growing after a chain token the
+        draft gave under ``confidence_threshold`` (the chain's stop; its nodes after it are left out), and
+        drafting ends when every row has stopped. Probabilities are the draft's after the call's logits processors
+        (temperature, top-k, top-p, penalties, each node with its own path as prefix); nodes with probability 0
+        are left out.
 
         The nodes are deterministic given the text (the most likely tokens, never sampled), so under sampling q is
         one-hot and recursive rejection sampling keeps the target's distribution
@@ -259,7 +269,8 @@ class DraftModelDrafter(Drafter):
 
         Returns:
             ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``, nodes in the order
-            they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler.
+            they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler
+            (the tensors are as wide as the row with the most nodes).
 
         Raises:
             ValueError: the draft model's attention implementation takes no 4D mask (only ``sdpa`` and ``eager``).
@@ -269,6 +280,7 @@ class DraftModelDrafter(Drafter):
         width = self.tree_width(num_nodes, k)
         reads = reads_sequences(self.logits_processor)
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
+        stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
 
         def log_probs(logits, owners, prefixes):  # [M, V'] -> [M, V]: the processed distribution's log
             logits = _pad_or_cut(logits, self._target_vocab).float()
@@ -276,28 +288,30 @@ class DraftModelDrafter(Drafter):
                 logits = process_scores([procs[b] for b in owners], prefixes if reads else None, logits)
             return logits.log_softmax(dim=-1)
 
-        # every node made, in order: token, cumulative log-probability, parent (-1: the root), slot fed (-1: none)
-        score, token = log_probs(logits, range(bsz), seqs).topk(width, dim=-1)  # [B, W]
+        # every node made, in order: token, cumulative log-probability, parent (-1: the root), slot fed (-1: none);
+        # the chain's node of each level is the level's first (its parent's likeliest child)
+        lp = log_probs(logits, range(bsz), seqs)
+        score, token = lp.topk(width, dim=-1)  # [B, W]
         parent = torch.full_like(token, -1)
-        fed = torch.full_like(token, -1)
-        frontier = torch.arange(width, device=device).expand(bsz, -1)  # [B, W] the level's nodes to expand
-        columns = torch.arange(width, device=device)
+        chain = torch.zeros(bsz, 1, dtype=torch.long, device=device)  # [B, 1] the level's chain node
+        running = score[:, 0] - 0.0 >= stop  # [B] rows whose chain token the draft did not doubt
         for level in range(1, k):
-            f_parent = parent.gather(1, frontier)
-            f_fed_parent = torch.where(f_parent >= 0, fed.gather(1, f_parent.clamp(min=0)), -1)
-            out = self._ragged.forward_nodes(self.draft_model, token.gather(1, frontier), f_fed_parent)
-            fed.scatter_(1, frontier, ((level - 1) * width + columns).expand(bsz, -1).contiguous())
-            owners = [b for b in range(bsz) for _ in range(width)]
-            prefixes = [torch.cat([seqs[b], _path(token[b], parent[b], int(j))])
-                        for b in range(bsz) for j in frontier[b].tolist()] if reads else None
-            lp = log_probs(out.logits.flatten(0, 1), owners, prefixes).view(bsz, width, -1)
-            child_score, child_token = (score.gather(1, frontier)[:, :, None] + lp).topk(width, dim=-1)  # [B, W, W]
-            base = token.shape[1]
-            token = torch.cat([token, child_token.flatten(1)], dim=1)
-            score = torch.cat([score, child_score.flatten(1)], dim=1)
-            parent = torch.cat([parent, frontier[:, :, None].expand(-1, -1, width).flatten(1)], dim=1)
-            fed = torch.cat([fed, torch.full_like(child_token.flatten(1), -1)], dim=1)
-            frontier = base + child_score.flatten(1).topk(width, dim=-1).indices.sort(dim=-1).values
+            if not bool(running.any()):
+                break
+            out = self._ragged.forward_nodes(self.draft_model, token.gather(1, chain),
+                                             torch.full_like(chain, level - 2))  # -1: the root, then node fed before
+            prefixes = [torch.cat([seqs[b], _path(token[b], parent[b], int(chain[b]))]) for b in range(bsz)] \
+                if reads else None
+            lp = log_probs(out.logits[:, -1], range(bsz), prefixes)
+            child_score, child_token = lp.topk(width, dim=-1)  # [B, W]
+            chain_score = score.gather(1, chain)
+            # a stopped row's further nodes are filler (probability 0), as a chain's tokens past its stop
+            child_score = torch.where(running[:, None], chain_score + child_score, -math.inf)
+            running &= child_score[:, 0] - chain_score[:, 0] >= stop
+            parent = torch.cat([parent, chain.expand(-1, width)], dim=1)
+            chain = torch.full_like(chain, token.shape[1])  # the new level's first node
+            token = torch.cat([token, child_token], dim=1)
+            score = torch.cat([score, child_score], dim=1)
         self._ragged.truncate(self._ragged.lengths)  # the nodes leave the draft's cache
         # the tree: the num_nodes most likely nodes (ties: the earlier made, so a parent before its child), in the
         # order they were made, nodes of probability 0 last (filler)
@@ -314,9 +328,9 @@ class DraftModelDrafter(Drafter):
 
     @staticmethod
     def tree_width(num_nodes: int, k: int) -> int:
-        """W, the tokens a node of :meth:`draft_tree` branches into and the nodes expanded per level:
-        ``ceil(num_nodes / k)`` within ``1..TREE_WIDTH``, enough that the k levels make at least ``num_nodes``
-        nodes (``W + (k - 1) W^2 >= W k``)."""
+        """W, the tokens each chain node of :meth:`draft_tree` branches into (its chain child and W - 1 leaves):
+        ``ceil(num_nodes / k)`` within ``1..TREE_WIDTH``, so that k levels make at least ``num_nodes`` nodes; with
+        ``num_nodes <= k`` the tree is the chain :meth:`draft` would draft."""
         return max(1, min(TREE_WIDTH, -(-num_nodes // k)))
 
 
