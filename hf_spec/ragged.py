@@ -168,8 +168,6 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
-        # a tree fed level by level (forward_nodes): its first slot, and which nodes each node sees
-        self._nodes: tuple[int, torch.Tensor] | None = None
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
         self._packed: dict[int, bool] = {}  # block size -> packed attention (_packed_attention)
         if self.window is not None:
@@ -225,64 +223,6 @@ class RaggedCache:
             return masks["full_attention"]
         return masks["sliding_attention"] if all(self._sliding) else masks
 
-    def forward_nodes(self, model, tokens: torch.LongTensor, parents: torch.LongTensor, **model_kwargs):
-        """Feed one level of a draft tree that grows over several forwards (a draft model expanding its own tree,
-        as in EAGLE-2): each node sees its row's valid slots, its ancestors fed by earlier calls and itself, at
-        the position of its depth. The nodes are not part of any row's sequence (their slots are holes to every
-        other forward); :meth:`truncate` drops them, or a forward of the sequence's next tokens leaves them
-        behind as holes.
-
-        Args:
-            model: a ``transformers`` causal LM (attention implementation ``sdpa`` or ``eager``).
-            tokens: ``LongTensor[B, n]``, the level's nodes.
-            parents: ``LongTensor[B, n]``, each node's parent: ``-1`` for the row's last token (the tree's root, the
-                last valid slot), else the index of a node fed since the tree began (0 = the first node of the
-                first call).
-            **model_kwargs: passed to ``model``.
-
-        Returns:
-            the model output, ``logits [B, n, V]``.
-
-        Raises:
-            ValueError: the attention implementation takes no custom 4D mask, or a parent that is not an earlier
-                node.
-        """
-        _check_tree_attention(model)
-        bsz, n = tokens.shape
-        device = self.valid.device
-        parents = parents.to(device)
-        if self._nodes is None:  # the tree's first level: its nodes start at the current end of the cache
-            self._nodes = (self.valid.shape[1], torch.zeros(bsz, 0, 0, dtype=torch.bool, device=device))
-        start, sees = self._nodes
-        fed = sees.shape[1]
-        if bool(((parents < -1) | (parents >= fed)).any()):
-            raise ValueError(f"forward_nodes: parents must be -1 or one of the {fed} nodes fed before, got "
-                             f"{parents.tolist()}")
-        up = parents.clamp(min=0)
-        rows = torch.arange(bsz, device=device)[:, None]
-        has_parent = (parents >= 0)[:, :, None]
-        new_sees = torch.zeros(bsz, n, fed + n, dtype=torch.bool, device=device)
-        if fed:  # a node sees its parent's ancestors and its parent
-            new_sees[:, :, :fed] = torch.where(
-                has_parent, sees[rows, up] | torch.nn.functional.one_hot(up, fed).bool(), False)
-        new_sees[:, :, fed:] = torch.eye(n, dtype=torch.bool, device=device)
-        sees = torch.cat([torch.nn.functional.pad(sees, (0, n)), new_sees], dim=1)
-        self._nodes = (start, sees)
-        depth = sees.sum(dim=-1)  # a node's depth: the nodes it sees, itself and its ancestors (the root not)
-        position_ids = self.lengths[:, None] + depth[:, fed:] - 1
-        self.valid = torch.cat([self.valid, torch.zeros(bsz, n, dtype=torch.bool, device=device)], dim=1)
-        seen = torch.zeros(bsz, n, self.valid.shape[1], dtype=torch.bool, device=device)
-        seen[:, :, :start] = self.valid[:, None, :start]
-        seen[:, :, start:start + fed + n] = new_sees
-        key_positions = None
-        if self.window is not None:
-            key_positions = torch.cat([self.valid[:, :start].to(torch.long).cumsum(dim=1) - 1,
-                                       self.lengths[:, None] + depth - 1], dim=1)
-        mask = self._format_masks(model, seen, position_ids, key_positions)
-        with self._attention(start > 0 and self._packed_attention(model, n)):
-            return model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                         logits_to_keep=n, **{cache_kwarg(model): self.cache}, **model_kwargs)
-
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 parents: torch.Tensor | None = None, **model_kwargs):
         """Run ``model`` over a block of new tokens appended to every row, and keep them in the cache.
@@ -310,7 +250,6 @@ class RaggedCache:
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
         block_valid = block_valid.to(self.valid.device)
-        self._nodes = None  # a draft tree's nodes fed before stay behind as holes
         within = None
         if parents is None:
             offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
@@ -414,8 +353,6 @@ class RaggedCache:
         if total < self.valid.shape[1]:
             crop_cache_to(self.cache, total)
             self.valid = self.valid[:, :total]
-        if self._nodes is not None and total <= self._nodes[0]:
-            self._nodes = None  # the tree's nodes are gone
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only the given batch rows (drop finished ones).

@@ -537,7 +537,8 @@ def test_generate_from_standard_input_and_medusa_at_its_head_count(tmp_path):
 
 def test_the_text_summary_names_the_dtypes_of_target_and_draft(capsys):
     """The plain-text summary of ``hf-spec generate`` says which dtype ``--draft-dtype auto`` chose for the draft
-    model (the JSON has it as config.draft_dtype), and says nothing of a draft dtype without a draft model."""
+    model (the JSON has it as config.draft_dtype), and says nothing of a draft dtype without a draft model; plain
+    decoding names no k, and an answer that ended at once claims no speedup."""
     from hf_spec.commands.generate import _print_text
 
     row = dict(text="hello", new_tokens=4, acceptance_rate=0.5, mean_accepted_length=2.0, ttft_s=0.1, tpot_s=0.05)
@@ -554,6 +555,15 @@ def test_the_text_summary_names_the_dtypes_of_target_and_draft(capsys):
         _print_text(Namespace(compare=True, temperature=temperature), [dict(row, identical_to_baseline=False)], totals,
                     config)
         assert ("identity is a greedy check" in capsys.readouterr().out) == note
+    # plain decoding names no k; an answer that ended at once (no tokens on either side) claims no speedup
+    from hf_spec.commands.generate import _speedup
+
+    assert _speedup(0.0, 4.0) is None and _speedup(8.0, 0.0) is None and _speedup(8.0, 4.0) == 2.0
+    _print_text(Namespace(compare=True, temperature=0.0), [dict(row, new_tokens=0, identical_to_baseline=True)],
+                {"tokens_per_s": 0.0, "baseline_tokens_per_s": 0.0, "speedup": None},
+                {**config, "drafter": "none", "num_speculative_tokens": None, "draft_dtype": None})
+    out = capsys.readouterr().out
+    assert "speedup n/a (no tokens generated)" in out and "drafter=none dtype=" in out and "k=" not in out
 
 
 def test_a_bench_without_a_draft_model_reports_no_draft_dtype():

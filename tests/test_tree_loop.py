@@ -191,33 +191,6 @@ def test_no_row_of_a_batchs_tree_reaches_past_max_length():
     assert [len(row) for row in events[2].emitted] == [1, 5]  # the rows drift apart as meant
 
 
-def test_draft_model_tree_levels_see_their_ancestors_only(attention_path):
-    """RaggedCache.forward_nodes: a node fed in a later level gets the logits of its own path, fed as a sequence
-    (each level's nodes see the prefix and their ancestors, at their depth's position), and the nodes leave the
-    cache with truncate."""
-    from hf_spec.ragged import RaggedCache
-
-    from .conftest import tiny_llama
-
-    model = tiny_llama()
-    prefix = torch.tensor([[0, 5, 9, 4]])
-    ragged = RaggedCache(model.config, 1, model.device)
-    with torch.no_grad():
-        ragged.forward(model, prefix)
-        first = ragged.forward_nodes(model, torch.tensor([[3, 7, 2]]), torch.tensor([[-1, -1, -1]])).logits
-        second = ragged.forward_nodes(model, torch.tensor([[8, 6]]), torch.tensor([[1, 2]])).logits
-        assert bool(attention_path[1]) == attention_path[0]  # the levels attended packed on hf-spec's path
-        for tokens, logits in (([7], first[0, 1]), ([2], first[0, 2]), ([7, 8], second[0, 0]), ([2, 6], second[0, 1])):
-            alone = model(torch.cat([prefix, torch.tensor([tokens])], dim=1)).logits[0, -1]
-            torch.testing.assert_close(logits, alone, rtol=1e-4, atol=1e-4)
-        with pytest.raises(ValueError, match="nodes fed before"):
-            ragged.forward_nodes(model, torch.tensor([[1]]), torch.tensor([[5]]))
-        ragged.truncate(ragged.lengths)
-        assert ragged.valid.shape[1] == 4 and ragged.cache.get_seq_length() == 4
-        nxt = ragged.forward(model, torch.tensor([[3]])).logits[0, -1]
-        torch.testing.assert_close(nxt, model(torch.tensor([[0, 5, 9, 4, 3]])).logits[0, -1], rtol=1e-4, atol=1e-4)
-
-
 def _medusa_tree(target, draft):
     from .test_medusa import random_heads
 
@@ -376,3 +349,40 @@ def test_a_trees_system_efficiency_counts_its_depth_not_its_nodes():
     # a chain keeps its meaning: 3 drafted, 1 accepted, 2 emitted of the 4 it allowed
     stats(StepEvent(2, 3, [[1, 2, 3]], [1], [[1, 5]], 0.0, 0.0, 0.3, [False]))
     assert stats.system_efficiency == (3 + 2) / (3 + 4)
+
+
+def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_stops():
+    """DraftModelDrafter.draft_tree: the nodes with children form one root path, the chain draft() drafts (the same
+    tokens, cut where the chain's confidence stop cuts each row); every other node is a leaf beside a chain node;
+    no node lies below the row's stop. Thresholds: none (the whole chain), and the mean of
+    the draft's first-token probabilities, so that rows of one batch stop at different depths."""
+    from transformers import LogitsProcessorList
+
+    target, draft = noisy_pair()
+    inputs = INPUTS[1]
+    ids = inputs["input_ids"]
+    sequences = [ids[0, 2:], ids[1]]
+    config = GenerationConfig(do_sample=False, max_length=40)
+    with torch.no_grad():
+        first = draft(input_ids=ids, attention_mask=inputs["attention_mask"]).logits[:, -1].softmax(-1).max(-1).values
+    k, nodes = 4, 10
+    for threshold in (0.0, float(first.mean())):
+        drafter = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold)
+        chain, chain_len, _ = drafter.start(target, ids, config, LogitsProcessorList()).draft(sequences, k)
+        tokens, num_drafted, _, parents = drafter.start(target, ids, config, LogitsProcessorList()).draft_tree(
+            sequences, k, nodes)
+        assert tokens.shape[1] <= nodes
+        for b in range(2):
+            n = int(num_drafted[b])
+            tok, par = tokens[b, :n].tolist(), parents[b, :n].tolist()
+            inner = {p for p in par if p >= 0}
+            path, node = [], -1  # the chain: from the root, each time the first child made (the likeliest)
+            while kids := [j for j in range(n) if par[j] == node]:
+                path.append(kids[0])
+                node = kids[0]
+            assert set(inner) <= set(path)  # only chain nodes have children
+            assert [tok[j] for j in path] == chain[b, :len(path)].tolist()
+            assert len(path) <= int(chain_len[b])  # nothing below the chain's stop
+            assert n > len(path)  # siblings beside the chain
+        if threshold > 0:
+            assert len(set(chain_len.tolist())) > 1 or int(chain_len.max()) < k  # the stop cut some row

@@ -220,15 +220,20 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                 if len(texts) == 1:
                     row["baseline_tokens_per_s"] = base_new / batch_base_s
                     row["baseline_total_s"] = batch_base_s
-                    row["speedup"] = row["tokens_per_s"] / row["baseline_tokens_per_s"]
+                    row["speedup"] = _speedup(row["tokens_per_s"], row["baseline_tokens_per_s"])
             rows.append(row)
     total_new = sum(r["new_tokens"] for r in rows)
     totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
     if args.compare:
         totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
-        totals["speedup"] = totals["tokens_per_s"] / totals["baseline_tokens_per_s"]
+        totals["speedup"] = _speedup(totals["tokens_per_s"], totals["baseline_tokens_per_s"])
         totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
     return rows, totals
+
+
+def _speedup(tokens_per_s: float, baseline_tokens_per_s: float) -> float | None:
+    """Tokens/s over plain decoding's; ``None`` where either generated nothing (an answer that ends at once)."""
+    return tokens_per_s / baseline_tokens_per_s if tokens_per_s > 0 and baseline_tokens_per_s > 0 else None
 
 
 def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
@@ -249,9 +254,11 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
     total_new = sum(r["new_tokens"] for r in rows)
     print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
     if args.compare:
-        print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {totals['speedup']:.2f}x", end="")
+        speedup = "n/a (no tokens generated)" if totals["speedup"] is None else f"{totals['speedup']:.2f}x"
+        print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {speedup}", end="")
     print()
     tree = f" tree={config['num_tree_nodes']}" if config["num_tree_nodes"] else ""
     draft_dtype = f" draft dtype={config['draft_dtype']}" if config.get("draft_dtype") else ""
-    print(f"[{config['target']} drafter={config['drafter']} k={config['num_speculative_tokens']}{tree} dtype={config['dtype']}{draft_dtype} "
+    k = f" k={config['num_speculative_tokens']}" if config["num_speculative_tokens"] is not None else ""
+    print(f"[{config['target']} drafter={config['drafter']}{k}{tree} dtype={config['dtype']}{draft_dtype} "
           f"device {config['device']} batch size {config['batch_size']}]")

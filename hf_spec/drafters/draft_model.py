@@ -8,9 +8,7 @@ speculative sampling (Leviathan et al. 2023).
 
 With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): the chain
 it would draft, each token with the draft's next likeliest tokens beside it, reranked by cumulative probability as
-EAGLE-2 reranks; each level is one draft forward with a tree attention mask over the draft's own cache; the nodes
-leave the draft's cache after the step, and the accepted ones are fed again at the next (the tokens the row
-gained, as after a chain).
+EAGLE-2 reranks; the draft runs the chain's forwards only.
 """
 
 from __future__ import annotations
@@ -249,18 +247,17 @@ class DraftModelDrafter(Drafter):
         "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
         probability is never above its parent's, so every node's parent is in it).
 
-        This is EAGLE-2's expansion with one node expanded per level: each level is one draft forward of the
-        level's likeliest node (:meth:`~hf_spec.ragged.RaggedCache.forward_nodes`, a tree attention mask over the
-        draft's own cache), which yields its W likeliest children. On a CPU a forward of one position costs about
-        what a forward of several does, so drafting costs what the chain's does, and a verify of up to ~8
-        positions about one plain step (docs/benchmarks.md, issue 22): the siblings are nearly free, and the
-        target takes a sibling wherever it rejects the chain's token for the draft's second or third guess.
-        Expanding more nodes per level (EAGLE-2's top-k) made every level dearer here and lost to the chain.
-        ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A row stops growing after a chain token the
-        draft gave under ``confidence_threshold`` (the chain's stop; its nodes after it are left out), and
-        drafting ends when every row has stopped. Probabilities are the draft's after the call's logits processors
-        (temperature, top-k, top-p, penalties, each node with its own path as prefix); nodes with probability 0
-        are left out.
+        This is EAGLE-2's expansion with one node expanded per level, and that node is the chain's: the draft
+        runs exactly the forwards of :meth:`draft` (one token each, on its own cache, which keeps them for the
+        next step as after a chain), and each level's W likeliest tokens come from the same logits. A verify of up
+        to ~8 positions costs about one plain step on a CPU (docs/benchmarks.md, issue 22), so the siblings are
+        nearly free, and the target takes one wherever it rejects the chain's token for the draft's second or
+        third guess. Expanding W nodes per level, as EAGLE-2 does, made every level's draft forward and the verify
+        dearer here than what it gained. ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A
+        row stops growing after a chain token the draft gave under ``confidence_threshold`` (the chain's stop;
+        its later nodes are left out), and drafting ends when every row has stopped. Probabilities are the draft's
+        after the call's logits processors (temperature, top-k, top-p, penalties, with the chain so far as
+        prefix); nodes with probability 0 are left out.
 
         The nodes are deterministic given the text (the most likely tokens, never sampled), so under sampling q is
         one-hot and recursive rejection sampling keeps the target's distribution
@@ -269,11 +266,7 @@ class DraftModelDrafter(Drafter):
 
         Returns:
             ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``, nodes in the order
-            they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler
-            (the tensors are as wide as the row with the most nodes).
-
-        Raises:
-            ValueError: the draft model's attention implementation takes no 4D mask (only ``sdpa`` and ``eager``).
+            they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler.
         """
         seqs, logits = self._catch_up(sequences)
         bsz, device = len(seqs), self.device
@@ -281,38 +274,33 @@ class DraftModelDrafter(Drafter):
         reads = reads_sequences(self.logits_processor)
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
         stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
-
-        def log_probs(logits, owners, prefixes):  # [M, V'] -> [M, V]: the processed distribution's log
+        running = torch.ones(bsz, dtype=torch.bool, device=device)  # rows whose chain the draft did not doubt
+        chain_score = torch.zeros(bsz, device=device)  # the chain node's cumulative log-probability
+        prefixes, fed, tokens, scores = seqs, [], [], []
+        for level in range(k):
             logits = _pad_or_cut(logits, self._target_vocab).float()
             if len(self.logits_processor):
-                logits = process_scores([procs[b] for b in owners], prefixes if reads else None, logits)
-            return logits.log_softmax(dim=-1)
-
-        # every node made, in order: token, cumulative log-probability, parent (-1: the root), slot fed (-1: none);
-        # the chain's node of each level is the level's first (its parent's likeliest child)
-        lp = log_probs(logits, range(bsz), seqs)
-        score, token = lp.topk(width, dim=-1)  # [B, W]
-        parent = torch.full_like(token, -1)
-        chain = torch.zeros(bsz, 1, dtype=torch.long, device=device)  # [B, 1] the level's chain node
-        running = score[:, 0] - 0.0 >= stop  # [B] rows whose chain token the draft did not doubt
-        for level in range(1, k):
-            if not bool(running.any()):
-                break
-            out = self._ragged.forward_nodes(self.draft_model, token.gather(1, chain),
-                                             torch.full_like(chain, level - 2))  # -1: the root, then node fed before
-            prefixes = [torch.cat([seqs[b], _path(token[b], parent[b], int(chain[b]))]) for b in range(bsz)] \
-                if reads else None
-            lp = log_probs(out.logits[:, -1], range(bsz), prefixes)
-            child_score, child_token = lp.topk(width, dim=-1)  # [B, W]
-            chain_score = score.gather(1, chain)
+                logits = process_scores(procs, prefixes if reads else None, logits)
+            child_score, child_token = logits.log_softmax(dim=-1).topk(width, dim=-1)  # [B, W]: the chain's first
             # a stopped row's further nodes are filler (probability 0), as a chain's tokens past its stop
-            child_score = torch.where(running[:, None], chain_score + child_score, -math.inf)
-            running &= child_score[:, 0] - chain_score[:, 0] >= stop
-            parent = torch.cat([parent, chain.expand(-1, width)], dim=1)
-            chain = torch.full_like(chain, token.shape[1])  # the new level's first node
-            token = torch.cat([token, child_token], dim=1)
-            score = torch.cat([score, child_score], dim=1)
-        self._ragged.truncate(self._ragged.lengths)  # the nodes leave the draft's cache
+            child_score = torch.where(running[:, None], chain_score[:, None] + child_score, -math.inf)
+            running &= child_score[:, 0] - chain_score >= stop  # (a stopped row: -inf - -inf, NaN, stays stopped)
+            chain_score = child_score[:, 0]
+            tokens.append(child_token)
+            scores.append(child_score)
+            if level == k - 1 or not bool(running.any()):
+                break
+            chain_token = child_token[:, 0]
+            if reads:
+                prefixes = [torch.cat([p, t[None]]) for p, t in zip(prefixes, chain_token)]
+            fed.append(chain_token)
+            logits = self._ragged.forward(self.draft_model, chain_token[:, None]).logits[:, -1]
+        # what the draft's cache now holds: each sequence and the chain tokens fed after it
+        self._cached = [torch.cat([s, t]) for s, t in zip(seqs, torch.stack(fed, dim=1))] if fed else seqs
+        token, score = torch.cat(tokens, dim=1), torch.cat(scores, dim=1)  # [B, levels x W], level by level
+        # level 0's nodes hang from the root, level l's from level l - 1's chain node (its first)
+        parent = torch.tensor([-1] * width + [(level - 1) * width for level in range(1, len(tokens))
+                                              for _ in range(width)], device=device).expand(bsz, -1)
         # the tree: the num_nodes most likely nodes (ties: the earlier made, so a parent before its child), in the
         # order they were made, nodes of probability 0 last (filler)
         n = min(num_nodes, token.shape[1])
@@ -342,15 +330,6 @@ def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
     if logits.shape[-1] > rows:
         return logits[..., :rows]
     return torch.cat([logits, logits.new_full((*logits.shape[:-1], rows - logits.shape[-1]), float("-inf"))], dim=-1)
-
-
-def _path(tokens: torch.LongTensor, parents: torch.LongTensor, node: int) -> torch.LongTensor:
-    """The tokens from the root's child down to ``node`` (inclusive), by following ``parents`` (``-1``: the root)."""
-    path = []
-    while node >= 0:
-        path.append(int(tokens[node]))
-        node = int(parents[node])
-    return tokens.new_tensor(path[::-1])
 
 
 def load_draft_model(name: str, target=None, draft_dtype=None):
