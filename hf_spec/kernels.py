@@ -160,7 +160,7 @@ ATTENTION_CONTEXT = 512
 #: enable_gqa's: a forward also builds the mask every step, and the int8 draft's float32 forwards, whose kernel alone
 #: measured 1.3-1.9x faster packed, were 1.12-1.14x slower with the mask (docs/results/issue21_one_query_attention)
 ATTENTION_RATIO = 0.5
-#: blocks of 2..this many queries after cached positions (verify forwards, a draft tree's levels) are candidates for
+#: blocks of 2..this many queries after cached positions (verify forwards, a draft model's catch-up) are candidates for
 #: packed attention (:func:`packed_attention_pays`); a longer block is a prompt, where transformers' causal kernel stays
 PACKED_MAX_QUERIES = 64
 #: (key/value heads, query heads per key/value head, head size, dtype, threads, queries bucket) ->
@@ -290,7 +290,7 @@ def one_query_mask_pays(config, dtype: torch.dtype, device) -> bool:
 
 def packed_attention_pays(config, dtype: torch.dtype, device, queries: int) -> bool:
     """Whether a block of ``queries`` (2..:data:`PACKED_MAX_QUERIES`) new queries after cached positions (a verify
-    forward, a draft tree's level, a draft model's catch-up) should attend through :func:`packed_sdpa_attention`.
+    forward, a draft model's catch-up) should attend through :func:`packed_sdpa_attention`.
 
     With a 4D mask, which such a block always has, transformers' ``sdpa`` attention repeats every key/value head
     once per query head (``repeat_kv``: a copy of the cache per layer) and runs the many-head kernel; packing the

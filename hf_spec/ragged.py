@@ -18,7 +18,7 @@ Two exceptions, both for grouped-query models on the CPU, where the measured cho
 - a one-position block (a plain decode step of the target, a draft model's drafting step) gets a 4D mask built
   here (:func:`~hf_spec.kernels.one_query_mask_pays`): without a mask, transformers' ``sdpa`` attention runs a
   grouped-query query through a CPU kernel that took 4-11x as long in bfloat16;
-- a block of 2..64 positions after cached ones (a verify forward, a draft tree's level, a draft model's catch-up)
+- a block of 2..64 positions after cached ones (a verify forward, a draft model's catch-up)
   gets a 4D mask built here and attends through :func:`~hf_spec.kernels.packed_sdpa_attention`
   (:func:`~hf_spec.kernels.packed_attention_pays`), which reads each key/value head once instead of copying it per
   query head as transformers' ``repeat_kv`` does: 2-4x or more less attention time for 2-5 positions.

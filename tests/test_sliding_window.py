@@ -28,7 +28,7 @@ def tiny_mistral(window: int, seed: int = 0, noise: float = 0.0):
 
 def drafters(draft, target, k):
     """(drafter, num_tree_nodes) pairs: chains of each kind, and at k > 1 the draft model's and Medusa's trees (the
-    target's tree mask and the draft's level-by-level tree mask count the window in positions too)."""
+    target's tree mask counts the window in positions too)."""
     heads = random_heads(n=3, seed=1).bind(target)
     chains = [(hf_spec.NgramDrafter(k), 0), (hf_spec.DraftModelDrafter(draft, k), 0),
               (hf_spec.MedusaDrafter(heads, min(k, 3)), 0)]

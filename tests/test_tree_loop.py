@@ -125,7 +125,7 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
 
 
 def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
-    """DraftModelDrafter's EAGLE-2-style tree: greedy output is the target's own, single and in a left-padded batch,
+    """DraftModelDrafter's tree (its chain with siblings): greedy output is the target's own, single and in a left-padded batch,
     at several tree sizes; the tree took later siblings and needed fewer target forwards than the chain in the
     batch; a tree of k nodes is the chain itself (the same drafts, step by step)."""
     target, draft = noisy_pair()
@@ -147,6 +147,13 @@ def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
         assert any(_took_a_later_sibling(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
                    for e in events[1:] if e.parents for i in range(len(e.emitted)))
     assert runs[20][0].num_target_forwards < runs[0][0].num_target_forwards  # the batch
+    # a processor that reads the sequence (repetition penalty): each level's prefix is the chain so far
+    for inputs in INPUTS:
+        kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, repetition_penalty=1.5)
+        ref = target.generate(**inputs, **kwargs)
+        out = target.generate(**inputs, **kwargs, custom_generate=hf_spec.generate,
+                              drafter=hf_spec.DraftModelDrafter(draft, 3), num_tree_nodes=8)
+        assert out.tolist() == ref.tolist()
 
 
 class WrongForRowZero(ModelTreeDrafter):
@@ -245,7 +252,7 @@ def test_a_bad_tree_is_refused_with_the_drafters_name():
 
 @pytest.mark.slow
 def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_prompts):
-    """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter, EAGLE-2-style) of its weak layer-skip
+    """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter: its chain with siblings) of its weak layer-skip
     draft, and with the suffix drafter's speculation trees: every output is plain greedy's (or first differs at a
     float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never beside another
     torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
@@ -369,9 +376,15 @@ def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_s
     for threshold in (0.0, float(first.mean())):
         drafter = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold)
         chain, chain_len, _ = drafter.start(target, ids, config, LogitsProcessorList()).draft(sequences, k)
-        tokens, num_drafted, _, parents = drafter.start(target, ids, config, LogitsProcessorList()).draft_tree(
-            sequences, k, nodes)
+        session = drafter.start(target, ids, config, LogitsProcessorList())
+        tokens, num_drafted, _, parents = session.draft_tree(sequences, k, nodes)
         assert tokens.shape[1] <= nodes
+        # the draft's cache holds what the drafter says it holds (the chain fed), and the next step reuses it: a
+        # draft after one more token is a fresh drafter's
+        assert [len(c) for c in session._cached] == session._ragged.lengths.tolist()
+        longer = [torch.cat([s, chain[b, :1]]) for b, s in enumerate(sequences)]
+        assert torch.equal(session.draft(longer, k)[0],
+                           drafter.start(target, ids, config, LogitsProcessorList()).draft(longer, k)[0])
         for b in range(2):
             n = int(num_drafted[b])
             tok, par = tokens[b, :n].tolist(), parents[b, :n].tolist()

@@ -254,7 +254,7 @@ def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
     total_new = sum(r["new_tokens"] for r in rows)
     print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
     if args.compare:
-        speedup = "n/a (no tokens generated)" if totals["speedup"] is None else f"{totals['speedup']:.2f}x"
+        speedup = "n/a (an answer without tokens)" if totals["speedup"] is None else f"{totals['speedup']:.2f}x"
         print(f" | plain decoding {totals['baseline_tokens_per_s']:.2f} tok/s | speedup {speedup}", end="")
     print()
     tree = f" tree={config['num_tree_nodes']}" if config["num_tree_nodes"] else ""

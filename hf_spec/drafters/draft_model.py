@@ -32,8 +32,8 @@ __all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAUL
 #: draft gave under this probability (docs/benchmarks.md, "The draft model's confidence stop")
 DEFAULT_CONFIDENCE_THRESHOLD = 0.5
 
-#: the widest a draft tree branches (:meth:`DraftModelDrafter.tree_width`): EAGLE-2 expands 10 nodes per level
-#: on GPUs, where a verify of 60 nodes costs about one step; a CPU's verify grows sooner with its width
+#: the most tokens a chain node of a draft tree branches into (:meth:`DraftModelDrafter.tree_width`): its chain
+#: child and the draft's next likeliest tokens; a CPU's verify grows soon with the tree's width
 TREE_WIDTH = 8
 
 
@@ -240,8 +240,8 @@ class DraftModelDrafter(Drafter):
 
     @torch.no_grad()
     def draft_tree(self, sequences, k, num_nodes):
-        """A draft tree: the chain :meth:`draft` would draft (the draft's likeliest token after each of its own,
-        up to k, stopping where it would stop), with the draft's next W - 1 likeliest tokens beside each chain
+        """A draft tree: the draft's likeliest token after each of its own, up to k (the chain :meth:`draft` drafts
+        under greedy decoding), stopping where :meth:`draft` would stop, with the draft's next W - 1 likeliest tokens beside each chain
         token as leaves; then the ``num_nodes`` nodes of highest cumulative probability (the product of the
         draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
         "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
@@ -281,10 +281,10 @@ class DraftModelDrafter(Drafter):
             logits = _pad_or_cut(logits, self._target_vocab).float()
             if len(self.logits_processor):
                 logits = process_scores(procs, prefixes if reads else None, logits)
-            child_score, child_token = logits.log_softmax(dim=-1).topk(width, dim=-1)  # [B, W]: the chain's first
+            top, child_token = logits.log_softmax(dim=-1).topk(width, dim=-1)  # [B, W]: the chain's token first
             # a stopped row's further nodes are filler (probability 0), as a chain's tokens past its stop
-            child_score = torch.where(running[:, None], chain_score[:, None] + child_score, -math.inf)
-            running &= child_score[:, 0] - chain_score >= stop  # (a stopped row: -inf - -inf, NaN, stays stopped)
+            child_score = torch.where(running[:, None], chain_score[:, None] + top, -math.inf)
+            running &= top[:, 0] >= stop  # the chain's own stop: a token the draft gave under the threshold
             chain_score = child_score[:, 0]
             tokens.append(child_token)
             scores.append(child_score)
@@ -298,6 +298,7 @@ class DraftModelDrafter(Drafter):
         # what the draft's cache now holds: each sequence and the chain tokens fed after it
         self._cached = [torch.cat([s, t]) for s, t in zip(seqs, torch.stack(fed, dim=1))] if fed else seqs
         token, score = torch.cat(tokens, dim=1), torch.cat(scores, dim=1)  # [B, levels x W], level by level
+        score = score.masked_fill(score.isnan(), -math.inf)  # a row whose processed logits were all -inf: filler
         # level 0's nodes hang from the root, level l's from level l - 1's chain node (its first)
         parent = torch.tensor([-1] * width + [(level - 1) * width for level in range(1, len(tokens))
                                               for _ in range(width)], device=device).expand(bsz, -1)
