@@ -125,8 +125,8 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
 
 
 def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
-    """DraftModelDrafter's tree (its chain with siblings): greedy output is the target's own, single and in a left-padded batch,
-    at several tree sizes; the tree took later siblings and needed fewer target forwards than the chain in the
+    """DraftModelDrafter's tree (its chain with siblings): greedy output is the target's own, single and in a
+    left-padded batch, at several tree sizes, and with a repetition penalty; the tree took later siblings and needed fewer target forwards than the chain in the
     batch; a tree of k nodes is the chain itself (the same drafts, step by step)."""
     target, draft = noisy_pair()
     for inputs in INPUTS:
@@ -252,9 +252,9 @@ def test_a_bad_tree_is_refused_with_the_drafters_name():
 
 @pytest.mark.slow
 def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_prompts):
-    """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter: its chain with siblings) of its weak layer-skip
-    draft, and with the suffix drafter's speculation trees: every output is plain greedy's (or first differs at a
-    float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never beside another
+    """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter: its chain with siblings) of its weak
+    layer-skip draft, and with the suffix drafter's speculation trees: every output is plain greedy's (or first
+    differs at a float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never beside another
     torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
     from .conftest import TIE_BOUND, encode, first_divergence, top2_gap
 

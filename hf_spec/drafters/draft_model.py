@@ -241,19 +241,19 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def draft_tree(self, sequences, k, num_nodes):
         """A draft tree: the draft's likeliest token after each of its own, up to k (the chain :meth:`draft` drafts
-        under greedy decoding), stopping where :meth:`draft` would stop, with the draft's next W - 1 likeliest tokens beside each chain
-        token as leaves; then the ``num_nodes`` nodes of highest cumulative probability (the product of the
+        under greedy decoding), stopping where :meth:`draft` would stop, with the draft's next W - 1 likeliest
+        tokens beside each chain token as leaves; then the ``num_nodes`` nodes of highest cumulative probability (the product of the
         draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
         "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
         probability is never above its parent's, so every node's parent is in it).
 
         This is EAGLE-2's expansion with one node expanded per level, and that node is the chain's: the draft
         runs exactly the forwards of :meth:`draft` (one token each, on its own cache, which keeps them for the
-        next step as after a chain), and each level's W likeliest tokens come from the same logits. A verify of up
-        to ~8 positions costs about one plain step on a CPU (docs/benchmarks.md, issue 22), so the siblings are
-        nearly free, and the target takes one wherever it rejects the chain's token for the draft's second or
-        third guess. Expanding W nodes per level, as EAGLE-2 does, made every level's draft forward and the verify
-        dearer here than what it gained. ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A
+        next step as after a chain), and each level's W likeliest tokens come from the same logits. Where a verify
+        of a few more positions costs about what one of the chain's does (up to ~7 positions in bfloat16 on the
+        2-core CPU of docs/benchmarks.md, issue 22), the siblings are nearly free, and the target takes one
+        wherever it rejects the chain's token for the draft's second or third guess. Expanding W nodes per level,
+        as EAGLE-2 does, made every level's draft forward and the verify dearer there than what it gained. ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A
         row stops growing after a chain token the draft gave under ``confidence_threshold`` (the chain's stop;
         its later nodes are left out), and drafting ends when every row has stopped. Probabilities are the draft's
         after the call's logits processors (temperature, top-k, top-p, penalties, with the chain so far as
@@ -281,7 +281,8 @@ class DraftModelDrafter(Drafter):
             logits = _pad_or_cut(logits, self._target_vocab).float()
             if len(self.logits_processor):
                 logits = process_scores(procs, prefixes if reads else None, logits)
-            top, child_token = logits.log_softmax(dim=-1).topk(width, dim=-1)  # [B, W]: the chain's token first
+            top, child_token = logits.topk(width, dim=-1)  # [B, W]: the chain's token first
+            top = top - logits.logsumexp(dim=-1, keepdim=True)  # their log-probabilities, no [B, V] log-softmax
             # a stopped row's further nodes are filler (probability 0), as a chain's tokens past its stop
             child_score = torch.where(running[:, None], chain_score[:, None] + top, -math.inf)
             running &= top[:, 0] >= stop  # the chain's own stop: a token the draft gave under the threshold
