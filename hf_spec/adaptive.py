@@ -588,10 +588,10 @@ class TreeSize:
     dwell, as the text changes what a tree is worth. 0 is the chain.
 
     Args:
-        sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and 16
-            nodes: on a 2-core CPU with native bfloat16 a 16-node tree beat the chain where the chain's acceptance
-            was low and lost where it was high (docs/benchmarks.md, issue 22), and every size measured costs
-            a few steps of a short answer.
+        sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and 6
+            nodes: on a 2-core CPU with native bfloat16 a verify of up to ~7 positions cost about one plain step
+            and one of 9-17 cost 1.3-1.6, and draft-model trees of 6 and 8 nodes beat the chain there where one of
+            16 did not (docs/benchmarks.md, issue 22); every size measured costs a few steps of a short answer.
         start: the size measured first (default: the second smallest, a small tree).
         dwell_steps: speculative steps each size is kept while measured (>= 1).
         window: steps per size in its rate (>= dwell_steps).
@@ -606,7 +606,7 @@ class TreeSize:
         choices: ``(step, size, reason)`` of every change of size, in order.
     """
 
-    def __init__(self, sizes=(0, 16), start: int | None = None, dwell_steps: int = 3, window: int = 8,
+    def __init__(self, sizes=(0, 6), start: int | None = None, dwell_steps: int = 3, window: int = 8,
                  revisit_steps: int = 32, margin: float = 0.05):
         sizes = sorted({int(n) for n in sizes}) if all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) else None

@@ -124,10 +124,10 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
         assert stats.num_target_forwards < stats.num_emitted_tokens
 
 
-def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
+def test_draft_model_tree_greedy_is_exact():
     """DraftModelDrafter's tree (its chain with siblings): greedy output is the target's own, single and in a
-    left-padded batch, at several tree sizes, and with a repetition penalty; the tree took later siblings and needed fewer target forwards than the chain in the
-    batch; a tree of k nodes is the chain itself (the same drafts, step by step)."""
+    left-padded batch, at several tree sizes (fewer nodes than k among them), and with a repetition penalty; the
+    tree took later siblings and needed fewer target forwards than the chain in the batch."""
     target, draft = noisy_pair()
     for inputs in INPUTS:
         ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
@@ -140,13 +140,10 @@ def test_draft_model_tree_greedy_is_exact_and_with_k_nodes_is_the_chain():
                                   event_listeners=[events.append])
             assert out.sequences.tolist() == ref.tolist(), nodes
             assert all(len(p) <= max(nodes, 3) for e in events[1:] if e.parents for p in e.parents)
-            runs[nodes] = out.stats, [e.drafted for e in events[1:]]
-        # W = 1: the chain's drafts, at every step before max_length cut the chain (or the tree, per row)
-        full = [(t, c) for t, c in zip(runs[3][1], runs[0][1]) if all(len(row) == 3 for row in c)]
-        assert len(full) >= 6 and all(t == c for t, c in full)
+            runs[nodes] = out.stats
         assert any(_took_a_later_sibling(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
                    for e in events[1:] if e.parents for i in range(len(e.emitted)))
-    assert runs[20][0].num_target_forwards < runs[0][0].num_target_forwards  # the batch
+    assert runs[20].num_target_forwards < runs[0].num_target_forwards  # the batch
     # a processor that reads the sequence (repetition penalty): each level's prefix is the chain so far
     for inputs in INPUTS:
         kwargs = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, repetition_penalty=1.5)

@@ -253,7 +253,8 @@ class DraftModelDrafter(Drafter):
         of a few more positions costs about what one of the chain's does (up to ~7 positions in bfloat16 on the
         2-core CPU of docs/benchmarks.md, issue 22), the siblings are nearly free, and the target takes one
         wherever it rejects the chain's token for the draft's second or third guess. Expanding W nodes per level,
-        as EAGLE-2 does, made every level's draft forward and the verify dearer there than what it gained. ``W = ceil(num_nodes / k)`` within ``1..TREE_WIDTH`` (1: the chain). A
+        as EAGLE-2 does, made every level's draft forward and the verify dearer there than what it gained. ``W =
+        num_nodes`` within ``1..TREE_WIDTH``; the rerank puts the siblings where the draft is unsure. A
         row stops growing after a chain token the draft gave under ``confidence_threshold`` (the chain's stop;
         its later nodes are left out), and drafting ends when every row has stopped. Probabilities are the draft's
         after the call's logits processors (temperature, top-k, top-p, penalties, with the chain so far as
@@ -319,9 +320,10 @@ class DraftModelDrafter(Drafter):
     @staticmethod
     def tree_width(num_nodes: int, k: int) -> int:
         """W, the tokens each chain node of :meth:`draft_tree` branches into (its chain child and W - 1 leaves):
-        ``ceil(num_nodes / k)`` within ``1..TREE_WIDTH``, so that k levels make at least ``num_nodes`` nodes; with
-        ``num_nodes <= k`` the tree is the chain :meth:`draft` would draft."""
-        return max(1, min(TREE_WIDTH, -(-num_nodes // k)))
+        ``num_nodes`` within ``1..TREE_WIDTH``, whatever k, so that the rerank can put all of a tree's nodes beside
+        one chain token where the draft doubts only that one (an earlier ``ceil(num_nodes / k)`` made every tree
+        of ``num_nodes <= k`` a chain, and spread the others evenly over the levels)."""
+        return max(1, min(TREE_WIDTH, num_nodes))
 
 
 def _pad_or_cut(logits: torch.Tensor, rows: int) -> torch.Tensor:
