@@ -208,8 +208,8 @@ def _add_bench(sub) -> None:
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
     p.add_argument("--tree", type=_tree_list, default=[0], metavar="none|auto|N[,...]",
                    help="draft trees for the methods whose drafters draft them (draft:MODEL, medusa:DIR, suffix): none "
-                        "(default: chains), N nodes or auto, or several, comma-separated (e.g. none,16: each such "
-                        "method as a chain and as a 16-node tree, named METHOD and METHOD@tree=16); other methods "
+                        "(default: chains), N nodes or auto, or several, comma-separated (e.g. none,6: each such "
+                        "method as a chain and as a 6-node tree, named METHOD and METHOD@tree=6); other methods "
                         "run as chains")
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)

@@ -355,10 +355,29 @@ def test_a_trees_system_efficiency_counts_its_depth_not_its_nodes():
     assert stats.system_efficiency == (3 + 2) / (3 + 4)
 
 
+def _depth(parents, j) -> int:
+    return 0 if parents[j] < 0 else 1 + _depth(parents, parents[j])
+
+
+def _likeliest_nodes(draft, sequence, chain, num_nodes) -> set[tuple[int, int]]:
+    """``(depth, token)`` of the ``num_nodes`` likeliest candidates of a draft tree, recomputed from unpadded
+    forwards: at each depth d, the draft's min(num_nodes, 8) likeliest tokens after the sequence and chain[:d],
+    scored by the cumulative log-probability of chain[:d] and the token."""
+    candidates, before = [], 0.0
+    with torch.no_grad():
+        for d in range(len(chain)):
+            logp = draft(input_ids=torch.cat([sequence, chain[:d]])[None]).logits[0, -1].float().log_softmax(-1)
+            top = logp.topk(min(num_nodes, 8))
+            candidates += [(before + float(v), d, int(t)) for v, t in zip(top.values, top.indices)]
+            before += float(logp[chain[d]])
+    return {(d, t) for _, d, t in sorted(candidates, reverse=True)[:num_nodes]}
+
+
 def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_stops():
     """DraftModelDrafter.draft_tree: the nodes with children form one root path, the chain draft() drafts (the same
     tokens, cut where the chain's confidence stop cuts each row); every other node is a leaf beside a chain node;
-    no node lies below the row's stop. Thresholds: none (the whole chain), and the mean of
+    no node lies below the row's stop; without a stop, the nodes are the likeliest candidates (EAGLE-2's rerank, each
+    chain node offering up to 8). Thresholds: none (the whole chain), and the mean of
     the draft's first-token probabilities, so that rows of one batch stop at different depths."""
     from transformers import LogitsProcessorList
 
@@ -394,5 +413,8 @@ def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_s
             assert [tok[j] for j in path] == chain[b, :len(path)].tolist()
             assert len(path) <= int(chain_len[b])  # nothing below the chain's stop
             assert n > len(path)  # siblings beside the chain
+            if threshold == 0:  # EAGLE-2's rerank: the nodes are the `nodes` likeliest of the chain nodes' top-8
+                assert _likeliest_nodes(draft, sequences[b], chain[b], nodes) == {
+                    (_depth(par, j), tok[j]) for j in range(n)}
         if threshold > 0:
             assert len(set(chain_len.tolist())) > 1 or int(chain_len.max()) < k  # the stop cut some row

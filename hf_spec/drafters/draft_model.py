@@ -271,7 +271,7 @@ class DraftModelDrafter(Drafter):
         """
         seqs, logits = self._catch_up(sequences)
         bsz, device = len(seqs), self.device
-        width = self.tree_width(num_nodes, k)
+        width = self.tree_width(num_nodes)
         reads = reads_sequences(self.logits_processor)
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
         stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
@@ -318,7 +318,7 @@ class DraftModelDrafter(Drafter):
         return token.gather(1, chosen), num_drafted, None, tree_parents
 
     @staticmethod
-    def tree_width(num_nodes: int, k: int) -> int:
+    def tree_width(num_nodes: int) -> int:
         """W, the tokens each chain node of :meth:`draft_tree` branches into (its chain child and W - 1 leaves):
         ``num_nodes`` within ``1..TREE_WIDTH``, whatever k, so that the rerank can put all of a tree's nodes beside
         one chain token where the draft doubts only that one (an earlier ``ceil(num_nodes / k)`` made every tree
