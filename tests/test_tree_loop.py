@@ -132,7 +132,7 @@ def test_draft_model_tree_greedy_is_exact():
     for inputs in INPUTS:
         ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
         runs = {}
-        for nodes in (0, 3, 8, 20):
+        for nodes in (0, 1, 3, 8, 20):
             events = []
             out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False,
                                   custom_generate=hf_spec.generate, return_dict_in_generate=True,
