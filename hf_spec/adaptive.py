@@ -590,8 +590,9 @@ class TreeSize:
     Args:
         sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and 6
             nodes: on a 2-core CPU with native bfloat16 a verify of up to ~7 positions cost about one plain step
-            and one of 9-17 cost 1.3-1.6, and draft-model trees of 6 and 8 nodes beat the chain there where one of
-            16 did not (docs/benchmarks.md, issue 22); every size measured costs a few steps of a short answer.
+            and one of 9-17 cost 1.3-1.6; there draft-model trees of 6 and 8 nodes ran at 1.00-1.06 of the chain
+            and one of 16 at 0.87-0.99, and suffix trees of 6 nodes at 1.03 and of 16 at 0.96 (docs/benchmarks.md,
+            issues 21 and 22); every size measured costs a few steps of a short answer.
         start: the size measured first (default: the second smallest, a small tree).
         dwell_steps: speculative steps each size is kept while measured (>= 1).
         window: steps per size in its rate (>= dwell_steps).

@@ -251,8 +251,8 @@ def test_a_bad_tree_is_refused_with_the_drafters_name():
 def test_tree_greedy_on_real_smollm2_is_exact(smol, smol_drafts, specbench_prompts):
     """The real SmolLM2-135M with the draft-model tree (DraftModelDrafter: its chain with siblings) of its weak
     layer-skip draft, and with the suffix drafter's speculation trees: every output is plain greedy's (or first
-    differs at a float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never beside another
-    torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
+    differs at a float32 near-tie), and the draft model's trees took later siblings. (Run alone: ~1 min; never
+    beside another torch process on 2 cores, where oversubscribed threads made it 14 min.)"""
     from .conftest import TIE_BOUND, encode, first_divergence, top2_gap
 
     model, tok = smol
@@ -355,19 +355,17 @@ def test_a_trees_system_efficiency_counts_its_depth_not_its_nodes():
     assert stats.system_efficiency == (3 + 2) / (3 + 4)
 
 
-def _depth(parents, j) -> int:
-    return 0 if parents[j] < 0 else 1 + _depth(parents, parents[j])
-
-
 def _likeliest_nodes(draft, sequence, chain, num_nodes) -> set[tuple[int, int]]:
     """``(depth, token)`` of the ``num_nodes`` likeliest candidates of a draft tree, recomputed from unpadded
-    forwards: at each depth d, the draft's min(num_nodes, 8) likeliest tokens after the sequence and chain[:d],
-    scored by the cumulative log-probability of chain[:d] and the token."""
+    forwards: at each depth d, the draft's min(num_nodes, TREE_WIDTH) likeliest tokens after the sequence and
+    chain[:d], scored by the cumulative log-probability of chain[:d] and the token (d = depth - 1)."""
+    from hf_spec.drafters.draft_model import TREE_WIDTH
+
     candidates, before = [], 0.0
     with torch.no_grad():
         for d in range(len(chain)):
             logp = draft(input_ids=torch.cat([sequence, chain[:d]])[None]).logits[0, -1].float().log_softmax(-1)
-            top = logp.topk(min(num_nodes, 8))
+            top = logp.topk(min(num_nodes, TREE_WIDTH))
             candidates += [(before + float(v), d, int(t)) for v, t in zip(top.values, top.indices)]
             before += float(logp[chain[d]])
     return {(d, t) for _, d, t in sorted(candidates, reverse=True)[:num_nodes]}
@@ -376,10 +374,12 @@ def _likeliest_nodes(draft, sequence, chain, num_nodes) -> set[tuple[int, int]]:
 def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_stops():
     """DraftModelDrafter.draft_tree: the nodes with children form one root path, the chain draft() drafts (the same
     tokens, cut where the chain's confidence stop cuts each row); every other node is a leaf beside a chain node;
-    no node lies below the row's stop; without a stop, the nodes are the likeliest candidates (EAGLE-2's rerank, each
-    chain node offering up to 8). Thresholds: none (the whole chain), and the mean of
-    the draft's first-token probabilities, so that rows of one batch stop at different depths."""
+    no node lies below the row's stop; without a stop, the nodes are the likeliest candidates (EAGLE-2's rerank,
+    each chain node offering up to TREE_WIDTH). Thresholds: none (the whole chain), and the mean of the draft's
+    first-token probabilities, so that rows of one batch stop at different depths."""
     from transformers import LogitsProcessorList
+
+    from hf_spec.acceptance import tree_depths
 
     target, draft = noisy_pair()
     inputs = INPUTS[1]
@@ -413,8 +413,9 @@ def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_s
             assert [tok[j] for j in path] == chain[b, :len(path)].tolist()
             assert len(path) <= int(chain_len[b])  # nothing below the chain's stop
             assert n > len(path)  # siblings beside the chain
-            if threshold == 0:  # EAGLE-2's rerank: the nodes are the `nodes` likeliest of the chain nodes' top-8
+            if threshold == 0:  # EAGLE-2's rerank: the `nodes` likeliest of the chain nodes' top-W candidates
+                depth = tree_depths(parents[b:b + 1, :n])[0].tolist()
                 assert _likeliest_nodes(draft, sequences[b], chain[b], nodes) == {
-                    (_depth(par, j), tok[j]) for j in range(n)}
+                    (depth[j] - 1, tok[j]) for j in range(n)}
         if threshold > 0:
             assert len(set(chain_len.tolist())) > 1 or int(chain_len.max()) < k  # the stop cut some row

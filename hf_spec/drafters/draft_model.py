@@ -242,8 +242,8 @@ class DraftModelDrafter(Drafter):
     def draft_tree(self, sequences, k, num_nodes):
         """A draft tree: the draft's likeliest token after each of its own, up to k (the chain :meth:`draft` drafts
         under greedy decoding), stopping where :meth:`draft` would stop, with the draft's next W - 1 likeliest
-        tokens beside each chain token as leaves; then the ``num_nodes`` nodes of highest cumulative probability (the product of the
-        draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
+        tokens beside each chain token as leaves; then the ``num_nodes`` nodes of highest cumulative probability
+        (the product of the draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
         "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
         probability is never above its parent's, so every node's parent is in it).
 
