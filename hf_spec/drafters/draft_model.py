@@ -207,8 +207,10 @@ class DraftModelDrafter(Drafter):
         reads = reads_sequences(self.logits_processor)  # only then do the processors need the drafted prefix
         threshold = self.confidence_threshold
         bsz = len(seqs)
-        num_drafted = torch.full((bsz,), k, dtype=torch.long, device=self.device)
+        budget = self._budget(seqs, k)
+        num_drafted = budget.clamp(min=0, max=k)
         running = torch.ones(bsz, dtype=torch.bool, device=self.device)
+        fed_count = torch.zeros(bsz, dtype=torch.long, device=self.device)
         tokens, scores, fed = [], [], seqs
         for i in range(k):
             logits = _pad_or_cut(logits, self._target_vocab)
@@ -219,7 +221,9 @@ class DraftModelDrafter(Drafter):
                 token, scored = self.choose(seqs, logits.float())
                 scores.append(scored)
             tokens.append(token)
-            if threshold > 0 and i < k - 1:
+            if i == k - 1:
+                break
+            if threshold > 0:
                 # the draft's probability of the token it drafted (no [B, V] softmax); a row stops after a token
                 # it doubts
                 scored = scored.float()
@@ -227,15 +231,18 @@ class DraftModelDrafter(Drafter):
                 stops = running & (confidence < threshold)
                 num_drafted = torch.where(stops, i + 1, num_drafted)
                 running &= ~stops
-                if not bool(running.any()):
-                    break
-            if i < k - 1:
-                if reads:
-                    seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
-                logits = self._ragged.forward(self.draft_model, token[:, None]).logits[:, -1]
+            running &= budget > i + 1  # and at max_length (see _budget)
+            if not bool(running.any()):
+                break
+            if reads:
+                seqs = [torch.cat([s, t[None]]) for s, t in zip(seqs, token)]
+            # a stopped row's token is filler (a hole in its cache), so the draft never sees past where it stopped
+            valid = None if bool(running.all()) else running[:, None]
+            logits = self._ragged.forward(self.draft_model, token[:, None], valid).logits[:, -1]
+            fed_count += running
         out = torch.stack(tokens, dim=1)
-        # what the cache now holds: each sequence and the drafts fed after it (all but the last)
-        self._cached = [torch.cat([s, t]) for s, t in zip(fed, out[:, :out.shape[1] - 1])]
+        # what the cache now holds: each sequence and the drafts fed after it
+        self._cached = [torch.cat([s, t[:n]]) for s, t, n in zip(fed, out, fed_count.tolist())]
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
 
     @torch.no_grad()
@@ -276,6 +283,8 @@ class DraftModelDrafter(Drafter):
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
         stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
         running = torch.ones(bsz, dtype=torch.bool, device=device)  # rows whose chain the draft did not doubt
+        budget = self._budget(seqs, k)
+        fed_count = torch.zeros(bsz, dtype=torch.long, device=device)
         chain_score = torch.zeros(bsz, device=device)  # the chain node's cumulative log-probability
         prefixes, fed, tokens, scores = seqs, [], [], []
         for level in range(k):
@@ -290,15 +299,19 @@ class DraftModelDrafter(Drafter):
             chain_score = child_score[:, 0]
             tokens.append(child_token)
             scores.append(child_score)
+            running &= budget > level + 1  # deeper nodes would sit past max_length (see _budget)
             if level == k - 1 or not bool(running.any()):
                 break
             chain_token = child_token[:, 0]
             if reads:
                 prefixes = [torch.cat([p, t[None]]) for p, t in zip(prefixes, chain_token)]
             fed.append(chain_token)
-            logits = self._ragged.forward(self.draft_model, chain_token[:, None]).logits[:, -1]
+            valid = None if bool(running.all()) else running[:, None]  # a stopped row's token is a hole
+            logits = self._ragged.forward(self.draft_model, chain_token[:, None], valid).logits[:, -1]
+            fed_count += running
         # what the draft's cache now holds: each sequence and the chain tokens fed after it
-        self._cached = [torch.cat([s, t]) for s, t in zip(seqs, torch.stack(fed, dim=1))] if fed else seqs
+        self._cached = ([torch.cat([s, t[:n]]) for s, t, n in zip(seqs, torch.stack(fed, dim=1), fed_count.tolist())]
+                        if fed else seqs)
         token, score = torch.cat(tokens, dim=1), torch.cat(scores, dim=1)  # [B, levels x W], level by level
         score = score.masked_fill(score.isnan(), -math.inf)  # a row whose processed logits were all -inf: filler
         # level 0's nodes hang from the root, level l's from level l - 1's chain node (its first)
@@ -316,6 +329,16 @@ class DraftModelDrafter(Drafter):
         tree_parents = torch.where(up >= 0, new_index.gather(1, up.clamp(min=0)), -1)
         num_drafted = torch.isfinite(score.gather(1, chosen)).sum(dim=1)
         return token.gather(1, chosen), num_drafted, None, tree_parents
+
+    def _budget(self, seqs, k: int) -> torch.Tensor:
+        """``LongTensor[B]``: the most tokens each row may draft, ``max_length - len(row) - 1`` (the target's own
+        token takes the last position; ``len(row)`` without the row's left padding, so this is at least the loop's
+        cap, which counts the padding), k where the call has no ``max_length``. The draft is fed its token i only
+        for a row that drafts token i + 1, so no position the draft sees reaches ``max_length``, where a draft
+        with learned positions may have none (GPT-2's ``n_positions``); in a batch, a row that reached its budget,
+        or stopped where the draft doubted it, is fed filler (a hole in its cache) while other rows draft on."""
+        max_length = getattr(self.generation_config, "max_length", None)
+        return torch.tensor([k if max_length is None else max_length - len(s) - 1 for s in seqs], device=self.device)
 
     @staticmethod
     def tree_width(num_nodes: int) -> int:
