@@ -181,7 +181,7 @@ def _tree_list(text: str) -> list:
 TREE_HELP = ("draft trees: none (default: a chain of k tokens per step), N (a tree of at most N nodes, at most k "
              "deep, verified in one target forward with a tree attention mask), or auto (the tree size with the most "
              "tokens per second, measured in the call; the chain included); for drafters that draft trees "
-             "(draft:MODEL, medusa:DIR, suffix)")
+             "(draft:MODEL, medusa:DIR, suffix, hybrid:draft:MODEL)")
 
 
 def _k_list(text: str) -> list:
@@ -207,7 +207,7 @@ def _add_bench(sub) -> None:
     ks.add_argument("--k-sweep", type=_k_list, default=None, metavar="K,K,...",
                     help="e.g. 1,2,3,5,8 or 3,5,auto: every speculative method at each k")
     p.add_argument("--tree", type=_tree_list, default=[0], metavar="none|auto|N[,...]",
-                   help="draft trees for the methods whose drafters draft them (draft:MODEL, medusa:DIR, suffix): none "
+                   help="draft trees for the methods whose drafters draft them (draft:MODEL, medusa:DIR, suffix, hybrid:SPEC): none "
                         "(default: chains), N nodes or auto, or several, comma-separated (e.g. none,6: each such "
                         "method as a chain and as a 6-node tree, named METHOD and METHOD@tree=6); other methods "
                         "run as chains")

@@ -41,8 +41,9 @@ __all__ = ["render_tokens", "render_tree", "build_app", "main", "DemoModels", "R
 
 MAX_NEW_TOKENS = 1024
 K_CHOICES = ["auto"] + [str(k) for k in range(1, 13)]
-#: the page's draft tree sizes (num_tree_nodes), for the drafters that draft trees (draft model, Medusa)
-TREE_CHOICES = ["none", "auto", "8", "16", "32"]
+#: the page's draft tree sizes (num_tree_nodes), for the drafters that draft trees (draft model, Medusa, suffix,
+#: hybrid); 6 is the size ``"auto"`` measures beside the chain
+TREE_CHOICES = ["none", "auto", "6", "8", "16", "32"]
 METHODS = ["draft model", "medusa", "n-gram", "none"]
 #: plain decoding results kept (prompt and settings -> tokens/s); the oldest is dropped first
 PLAIN_CACHE_SIZE = 64
@@ -379,8 +380,8 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
         raise ValueError(f"Draft tree must be one of {', '.join(TREE_CHOICES)}, got {tree!r}.")
     tree = 0 if str(tree) == "none" else "auto" if str(tree) == "auto" else int(tree)
     if tree and (drafter is None or not drafter.drafts_trees):
-        raise ValueError(f"The {method} drafter drafts chains only: choose draft tree none, or the draft model or "
-                         "Medusa drafter.")
+        raise ValueError(f"The {method} drafter drafts chains only: choose draft tree none, or the draft model, "
+                         "Medusa, suffix or hybrid drafter.")
     tok = models.tokenizer
     inputs = chat_inputs(tok, prompt)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \

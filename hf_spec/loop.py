@@ -97,7 +97,8 @@ def generate(
             one forward with a tree attention mask; ``None`` or 0: a chain. ``"auto"`` (or a
             :class:`~hf_spec.adaptive.TreeSize` with chosen sizes) measures a few sizes, the chain included, and
             keeps the one with the most tokens per second. The drafter must draft trees
-            (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads, a draft model, the suffix drafter).
+            (:attr:`~hf_spec.drafters.base.Drafter.drafts_trees`: Medusa heads, a draft model, the suffix drafter, the
+            hybrid drafter).
         spec_streamer: a ``transformers`` streamer (``TextStreamer``, ``TextIteratorStreamer``), the prompt
             put first. ``streamer=`` works too: transformers 5 puts the prompt into it and does not hand it on to
             ``custom_generate`` callables, so the loop takes it from ``generate``'s frame.
@@ -499,7 +500,8 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
     if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
         raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
-                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, SuffixDrafter)")
+                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, SuffixDrafter, "
+                         "HybridDrafter)")
     return (0, sizer) if sizer is not None else (num_tree_nodes, None)
 
 

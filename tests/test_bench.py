@@ -55,7 +55,8 @@ def test_parse_methods():
         ("baseline", 0), ("draft:smollm2-135m", 0), ("draft:smollm2-135m@tree=16", 16),
         ("draft:smollm2-135m@tree=auto", "auto"), ("medusa:smollm2-135m", 0), ("medusa:smollm2-135m@tree=16", 16),
         ("medusa:smollm2-135m@tree=auto", "auto"), ("suffix", 0), ("suffix@tree=16", 16), ("suffix@tree=auto", "auto"),
-        ("ngram", 0), ("hybrid:draft:smollm2-135m", 0), ("hf-assisted", 0)]  # chains only: once
+        ("ngram", 0), ("hybrid:draft:smollm2-135m", 0), ("hybrid:draft:smollm2-135m@tree=16", 16),
+        ("hybrid:draft:smollm2-135m@tree=auto", "auto"), ("hf-assisted", 0)]  # ngram and transformers': chains only
     assert [m.name for m in parse_methods("draft:smollm2-135m", [3], trees=[8])] == ["baseline", "draft:smollm2-135m@tree=8"]
     # a method, k or tree size given twice runs once (twice, under one name, its kept median was the slower run)
     assert [m.name for m in parse_methods("ngram,ngram,suffix", [3, 3])] == ["baseline", "ngram", "suffix"]

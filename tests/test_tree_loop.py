@@ -153,6 +153,53 @@ def test_draft_model_tree_greedy_is_exact():
         assert out.tolist() == ref.tolist()
 
 
+class SuffixFirstHybrid(hf_spec.HybridDrafter):
+    """The hybrid drafter with its choice fixed, so that a test sees both sources in one batch: the suffix
+    proposal wherever there is one, else the model's."""
+
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+        return "suffix" if proposal_length else "model"
+
+
+class SampledModelTrees(ModelTreeDrafter):
+    """:class:`ModelTreeDrafter` as a tree drafter (``draft_tree``): nodes sampled i.i.d. with their q."""
+
+    drafts_trees = True
+
+    def draft_tree(self, sequences, k, num_nodes):
+        return self.draft(sequences, k)
+
+
+def test_hybrid_tree_greedy_is_exact_with_both_sources_in_a_batch():
+    """HybridDrafter with num_tree_nodes: each row drafts its source's tree (the suffix drafter's speculation tree
+    or the draft model's), rows of both sources in one batch; greedy output is the target's own, single and
+    batched, and the hybrid's acceptance statistics count a tree's depth, not its nodes."""
+    target, draft = noisy_pair()
+    for inputs in INPUTS:
+        ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        for nodes in (4, 8):
+            events = []
+            drafter = SuffixFirstHybrid(hf_spec.DraftModelDrafter(draft, 3))
+            out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
+                                  num_tree_nodes=nodes, event_listeners=[events.append])
+            assert out.sequences.tolist() == ref.tolist(), nodes
+            steps = [e for e in events[1:] if e.parents]
+            sources = {s for e in steps for s in e.sources}
+            assert {"suffix", "draft"} <= sources, sources
+            # a model row's tree branches (siblings beside its chain) at some step
+            assert any(len(set(p[:n])) < n for e in steps for p, n, s in zip(e.parents, map(len, e.drafted),
+                                                                             e.sources) if s == "draft" and n > 1)
+            assert all(len(p) <= nodes for e in steps for p in e.parents)
+            assert out.stats.per_source["suffix"]["drafts"] and out.stats.per_source["draft"]["drafts"]
+    # a plain HybridDrafter (its own choice) drafts trees too, and a batch's rows leave it exact
+    ref = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    out = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                          custom_generate=hf_spec.generate, num_tree_nodes=6,
+                          drafter=hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)))
+    assert out.tolist() == ref.tolist()
+
+
 class WrongForRowZero(ModelTreeDrafter):
     """The model's tree, with every token of batch row 0 (left-padded) replaced by another: row 1 (unpadded, its
     positions as long as its length) advances k + 1 tokens a step, row 0 one, so near max_length their budgets
@@ -195,6 +242,83 @@ def test_no_row_of_a_batchs_tree_reaches_past_max_length():
     assert [len(row) for row in events[2].emitted] == [1, 5]  # the rows drift apart as meant
 
 
+class WrongDraftForRowZero(hf_spec.DraftModelDrafter):
+    """A draft model whose row-0 proposals are all wrong (the row lags), chain or tree."""
+
+    def _wrong(self, sequences, tokens):
+        for b, seq in enumerate(sequences):
+            if seq[:2].tolist() == [0, 5]:  # row 0's prompt (INPUTS[1])
+                tokens[b] = (tokens[b] + 1) % self.draft_model.config.vocab_size
+        return tokens
+
+    def draft(self, sequences, k):
+        tokens, num_drafted, scores = super().draft(sequences, k)
+        return self._wrong(sequences, tokens), num_drafted, scores
+
+    def draft_tree(self, sequences, k, num_nodes):
+        tokens, num_drafted, scores, parents = super().draft_tree(sequences, k, num_nodes)
+        return self._wrong(sequences, tokens), num_drafted, scores, parents
+
+
+@pytest.mark.parametrize("nodes", [0, 5], ids=["chain", "tree"])
+@pytest.mark.parametrize("threshold", [0.0, 0.01], ids=["k-tokens", "confidence-stop"])
+def test_a_draft_model_sees_no_position_past_max_length_in_a_batch(nodes, threshold):
+    """A batch whose rows are at different distances from max_length: the draft model drafts the longest row's k
+    in lockstep, but feeds a row only the tokens it may still draft, so a draft with learned positions up to
+    max_length only (GPT-2, n_positions = max_length) never indexes past them, at a second draft too (its cache,
+    holes included, caught up). Fed every drafted token as before, the row one token from its cap was fed
+    positions up to max_length + 3."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    max_length, k = 24, 6
+    draft = GPT2LMHeadModel(GPT2Config(n_positions=max_length, n_embd=32, n_layer=2, n_head=4, vocab_size=32,
+                                       initializer_range=0.3, bos_token_id=0, eos_token_id=None,
+                                       pad_token_id=1)).eval()
+    highest = []
+    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    rows = [torch.randint(2, 32, (max_length - 2,)), torch.randint(2, 32, (8,))]
+    session = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold).start(
+        draft, torch.stack([rows[0][:8], rows[1]]), GenerationConfig(max_length=max_length))
+    for _ in range(2):
+        out = session.draft_tree(rows, k, nodes) if nodes else session.draft(rows, k)
+        tokens, num_drafted = out[0], out[1]
+        assert int(num_drafted[1]) > 1  # the short row drafted on
+        assert highest and max(highest) < max_length
+        rows = [rows[0], torch.cat([rows[1], tokens[1, :1]])]  # the short row accepted its first token
+
+
+@pytest.mark.parametrize("nodes", [None, 5], ids=["chain", "tree"])
+def test_no_row_of_a_batch_feeds_its_draft_model_past_max_length(nodes):
+    """The same end to end: rows that reach max_length at different steps (row 0's drafts all wrong), a draft
+    with the target's weights and learned positions up to max_length only; every position the draft sees stays
+    below max_length, the rows drift apart as meant, and the output is the target's own (the draft fed every
+    drafted token in every row raised IndexError here)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
+                  eos_token_id=None, pad_token_id=1)
+    inputs, new = INPUTS[1], 14
+    max_length = inputs["input_ids"].shape[1] + new
+    target = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()
+    draft = GPT2LMHeadModel(GPT2Config(n_positions=max_length, **common)).eval()
+    weights = target.state_dict()
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:max_length]
+    draft.load_state_dict(weights)
+    highest = []
+    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    ref = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    events = []
+    out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                          drafter=WrongDraftForRowZero(draft, 6, confidence_threshold=0.2),
+                          event_listeners=[events.append], **({} if nodes is None else {"num_tree_nodes": nodes}))
+    assert out.sequences.tolist() == ref.tolist()
+    assert highest and max(highest) < max_length
+    assert any(len(set(map(len, e.emitted))) > 1 for e in events[1:])  # the rows drift apart
+
+
 def _medusa_tree(target, draft):
     from .test_medusa import random_heads
 
@@ -203,8 +327,10 @@ def _medusa_tree(target, draft):
 
 
 @pytest.mark.parametrize("make,nodes", [(lambda target, draft: ModelTreeDrafter(draft, 2), None), (_medusa_tree, 6),
-                                        (lambda target, draft: hf_spec.DraftModelDrafter(draft, 2), 5)],
-                         ids=["sampled-model-tree", "medusa-top-k-tree", "draft-model-tree"])
+                                        (lambda target, draft: hf_spec.DraftModelDrafter(draft, 2), 5),
+                                        (lambda target, draft: SuffixFirstHybrid(SampledModelTrees(draft, 2)), 6)],
+                         ids=["sampled-model-tree", "medusa-top-k-tree", "draft-model-tree",
+                              "hybrid-suffix-and-sampled-model-trees"])
 def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch, make, nodes):  # noqa: F811
     target, draft = pair
     procs = processors(1.0)

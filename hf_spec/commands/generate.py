@@ -39,7 +39,7 @@ def run(args) -> int:
                          "draft:MODEL)")
     if args.tree and (spec is None or not spec.cls.drafts_trees):
         raise ValueError(f"--tree {args.tree}: drafter {args.drafter!r} drafts chains only; use --tree none, or a "
-                         "drafter that drafts trees: draft:MODEL, medusa:DIR or suffix")
+                         "drafter that drafts trees: draft:MODEL, medusa:DIR, suffix or hybrid:SPEC")
     corpus = read_corpus(args.corpus)
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype, device_map)

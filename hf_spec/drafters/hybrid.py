@@ -40,6 +40,9 @@ draft). Each step's choice per row is in
 :attr:`~hf_spec.drafters.base.Drafter.last_sources` (the loop copies it into ``StepEvent.sources``, and
 :class:`~hf_spec.metrics.SpecStats` counts drafted and accepted tokens by source).
 
+With ``num_tree_nodes`` in the call (:meth:`HybridDrafter.draft_tree`) each row drafts its chosen source's tree:
+the suffix drafter's speculation tree or the model drafter's.
+
 Exact like every drafter: suffix rows are deterministic (one-hot q), model rows keep the distributions they
 were sampled from.
 """
@@ -52,6 +55,7 @@ import time
 
 import torch
 
+from ..acceptance import tree_depths
 from ..adaptive import forward_time
 from .base import Drafter, VerifyOutput, logit_rows
 from .suffix import SuffixDrafter
@@ -138,6 +142,9 @@ class HybridDrafter(Drafter):
     method = "hybrid"
     spec_argument = "draft:MODEL"
     takes_corpus = True
+    #: trees (``num_tree_nodes``) where its model drafter drafts them, as the draft model and Medusa heads of its
+    #: specs do (an instance takes its model drafter's)
+    drafts_trees = True
 
     def __init__(self, model_drafter: Drafter, suffix: SuffixDrafter | None = None,
                  num_speculative_tokens: int | None = None, decay: float = 0.9):
@@ -154,6 +161,7 @@ class HybridDrafter(Drafter):
                          else model_drafter.num_speculative_tokens)
         self.returns_scores = model_drafter.returns_scores
         self.needs_hidden_states = model_drafter.needs_hidden_states
+        self.drafts_trees = model_drafter.drafts_trees
 
     @property
     def max_num_speculative_tokens(self):  # the model drafter's bound (a Medusa checkpoint's heads)
@@ -206,7 +214,8 @@ class HybridDrafter(Drafter):
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
         # (seconds, or None for a draft that caught up on a long stretch; k asked; tokens drafted) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
-        self._chosen: list[tuple[str, int, int]] | None = None  # per row of the last draft: (source, match length, k)
+        # per row of the last draft: (source, match length, k, positions drafted: a chain's length, a tree's depth)
+        self._chosen: list[tuple[str, int, int, int]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -228,8 +237,9 @@ class HybridDrafter(Drafter):
             self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             unverified = [*self._suffix_acceptance, self._model_acceptance]
-            for (source, match_length, asked), d, a in zip(self._chosen, verified.num_drafted.tolist(),
-                                                           verified.num_accepted.tolist()):
+            for (source, match_length, asked, depth), d, a in zip(self._chosen, verified.num_drafted.tolist(),
+                                                                  verified.num_accepted.tolist()):
+                d = min(d, depth)  # a tree's drafted positions are its depth, not its nodes
                 if d:
                     kind = (self._suffix_acceptance[suffix_bucket(match_length)] if source == "suffix"
                             else self._model_acceptance)
@@ -289,6 +299,28 @@ class HybridDrafter(Drafter):
         return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
     def draft(self, sequences, k):
+        return self._draft(sequences, k, 0)[:3]
+
+    def draft_tree(self, sequences, k, num_nodes):
+        """The tree form of :meth:`draft` (``num_tree_nodes`` in the call): each row's source is chosen as for a
+        chain (their chain proposals priced alike), then drafts its tree of at most ``num_nodes`` nodes and k
+        deep: the suffix drafter SuffixDecoding's speculation tree, the model drafter its own
+        (:meth:`~hf_spec.drafters.draft_model.DraftModelDrafter.draft_tree`,
+        :meth:`~hf_spec.drafters.medusa.MedusaDrafter.draft_tree`). A row's acceptance statistics count its tree's
+        depth, not its nodes, as drafted positions, and the model's drafting time is priced per level.
+
+        Returns:
+            ``(tokens [B, N], num_drafted [B], scores [B, N, V] or None, parents [B, N])``, ``N <= num_nodes``;
+            scores only where the model drafter samples its nodes (suffix rows one-hot).
+
+        Raises:
+            NotImplementedError: a model drafter that drafts chains only (:attr:`drafts_trees` is False).
+        """
+        return self._draft(sequences, k, num_nodes)
+
+    def _draft(self, sequences, k, num_nodes):
+        """:meth:`draft` (``num_nodes`` 0: chains, parents ``None``) and :meth:`draft_tree`: ``(tokens, num_drafted,
+        scores, parents)``."""
         self._suffix.index(sequences)
         proposals = [self._suffix.propose(b, seq, k) for b, seq in enumerate(sequences)]
         catch_up_tokens = self._model.catch_up_cost(sequences)
@@ -297,26 +329,42 @@ class HybridDrafter(Drafter):
         sources = [self.choose_source(len(p.tokens), p.match_length, k, catch_up_s,
                                       max_length - len(seq) if max_length else None)
                    for p, seq in zip(proposals, sequences)]
+        if num_nodes:  # the suffix rows' trees (the choice above priced their chains, as a chain step would)
+            proposals = [self._suffix.propose(b, seq, k, num_nodes) if source == "suffix" else p
+                         for b, (seq, p, source) in enumerate(zip(sequences, proposals, sources))]
         n = len(sequences)
-        model_tokens = model_scores = None
+        model_tokens = model_scores = model_parents = None
         if "model" in sources:
             t0 = time.perf_counter()
-            model_tokens, model_num, model_scores = self._model.draft(sequences, k)
+            if num_nodes:
+                model_tokens, model_num, model_scores, model_parents = self._model.draft_tree(sequences, k, num_nodes)
+                levels = int(tree_depths(model_parents, model_num).max()) if model_parents.shape[1] else 0
+            else:
+                model_tokens, model_num, model_scores = self._model.draft(sequences, k)
+                levels = model_tokens.shape[1]
             # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens is in
             # the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own (catch_up_s),
             # and counted here too it kept the model from being chosen after its first draft. Its length still
             # counts: until one is measured the model is priced at a verify of k + 1 positions, the dearest (a RAG
-            # prompt under sampling: the model's first draft a catch-up, then suffix proposals chosen 57 times)
+            # prompt under sampling: the model's first draft a catch-up, then suffix proposals chosen 57 times).
+            # A tree's time is per level: the draft runs one forward per level, whatever its width
             seconds = time.perf_counter() - t0 if catch_up_tokens <= k + 1 else None
-            self._model_s = (self._model_s + [(seconds, k, model_tokens.shape[1])])[-9:]
+            self._model_s = (self._model_s + [(seconds, k, levels)])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
                     + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
+        parents = torch.full((n, width), -1, dtype=torch.long) if num_nodes else None
+        depths = [0] * n  # per row, the positions its draft reaches (a chain's length, a tree's depth)
         scores = None
-        if self.returns_scores and self.generation_config.do_sample:  # model rows keep their q, suffix rows one-hot
+        if self.returns_scores and self.generation_config.do_sample and (model_scores is not None or not num_nodes):
+            # model rows keep their q, suffix rows one-hot
             scores = (model_scores.new_zeros(n, width, model_scores.shape[-1]) if model_scores is not None
                       else torch.zeros(n, width, self._vocab))
+        model_depths = None
+        if model_parents is not None:
+            model_depths = (tree_depths(model_parents, model_num).max(dim=1).values.tolist()
+                            if model_parents.shape[1] else [0] * n)
         for b, (p, source) in enumerate(zip(proposals, sources)):
             if source == "none":
                 continue
@@ -324,14 +372,23 @@ class HybridDrafter(Drafter):
                 m = int(model_num[b])
                 tokens[b, :m] = model_tokens[b, :m].cpu()
                 num[b] = m
+                depths[b] = m if model_depths is None else int(model_depths[b])
+                if parents is not None:
+                    parents[b, :m] = model_parents[b, :m].cpu()
                 if scores is not None:
                     scores[b, :m] = model_scores[b, :m]
             else:
-                tokens[b, :len(p.tokens)] = torch.tensor(p.tokens, dtype=torch.long)
-                num[b] = len(p.tokens)
+                m = len(p.tokens)
+                tokens[b, :m] = torch.tensor(p.tokens, dtype=torch.long)
+                num[b] = m
+                if parents is not None:
+                    parents[b, :m] = torch.tensor(p.parents if p.parents is not None else list(range(-1, m - 1)))
+                    depths[b] = int(tree_depths(parents[b:b + 1, :m]).max()) if m else 0
+                else:
+                    depths[b] = m
                 if scores is not None:
-                    scores[b, :len(p.tokens)] = float("-inf")
-                    scores[b, torch.arange(len(p.tokens)), tokens[b, :len(p.tokens)].to(scores.device)] = 0.0
-        self._chosen = [(s, p.match_length, k) for p, s in zip(proposals, sources)]
+                    scores[b, :m] = float("-inf")
+                    scores[b, torch.arange(m), tokens[b, :m].to(scores.device)] = 0.0
+        self._chosen = [(s, p.match_length, k, d) for p, s, d in zip(proposals, sources, depths)]
         self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
-        return tokens, num, scores
+        return tokens, num, scores, parents
