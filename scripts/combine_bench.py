@@ -1,7 +1,7 @@
 """Combine ``hf-spec bench`` runs of the same settings into one report: each prompt is taken from the last
 run that has it, so prompts re-run later (e.g. because something else shared the CPU while they ran)
 replace the first measurements. The runs must have the same target, methods, ks, tree sizes, token count,
-sampling settings, dtypes and device.
+sampling settings, dtypes and device; they may cover different categories (a long run split in parts).
 
     python scripts/combine_bench.py --out DIR FIRST_RUN_DIR RERUN_DIR ...
 """
@@ -37,7 +37,8 @@ def main(argv=None) -> int:
             prompts[q["question_id"]] = q
     raw = {"prompts": list(prompts.values())}  # the first run's order; a prompt only a later run has comes last
     summary = summarize(raw, methods, config["temperature"] == 0)
-    config = dict(config, num_prompts=len(raw["prompts"]), combined_from=[str(r) for r in args.runs],
+    categories = list(dict.fromkeys(q["category"] for q in raw["prompts"]))  # runs may cover different categories
+    config = dict(config, num_prompts=len(raw["prompts"]), categories=categories, combined_from=[str(r) for r in args.runs],
                   replaced_question_ids=replaced,
                   command="python scripts/combine_bench.py " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw)

@@ -173,6 +173,18 @@ def test_bench_end_to_end(tmp_path):
     again = json.loads((combined / "results.json").read_text())
     assert again["config"]["replaced_question_ids"] == [p["question_id"] for p in res["prompts"]]
     assert markdown_table(again["methods"]) == markdown_table(res["methods"])
+    # a run split by category combines into one report that names every category
+    other = tmp_path / "other"
+    other.mkdir()
+    moved = dict(res, prompts=[dict(p, question_id="x" + str(p["question_id"]), category="elsewhere")
+                               for p in res["prompts"]])
+    moved["config"] = dict(res["config"], categories=["elsewhere"])
+    (other / "results.json").write_text(json.dumps(moved))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "combine_bench.py"), "--out", str(combined), str(out),
+                        str(other)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    both = json.loads((combined / "results.json").read_text())["config"]
+    assert both["categories"] == res["config"]["categories"] + ["elsewhere"] and both["replaced_question_ids"] == []
     # a report written again without the sweep leaves no plot of the earlier one behind
     write_report(out, config, summarize(raw, methods, greedy=True), raw)
     assert not (out / "speedup_vs_k.png").exists() and (out / "speedup_by_category.png").stat().st_size > 1000
