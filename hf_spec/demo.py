@@ -44,7 +44,8 @@ K_CHOICES = ["auto"] + [str(k) for k in range(1, 13)]
 #: the page's draft tree sizes (num_tree_nodes), for the drafters that draft trees (draft model, Medusa, suffix,
 #: hybrid); 6 is the size ``"auto"`` measures beside the chain
 TREE_CHOICES = ["none", "auto", "6", "8", "16", "32"]
-METHODS = ["draft model", "medusa", "n-gram", "none"]
+#: the page's drafters, by label; those not loaded (:func:`load_models`) are left off the page
+METHODS = ["draft model", "hybrid", "suffix", "medusa", "n-gram", "none"]
 #: plain decoding results kept (prompt and settings -> tokens/s); the oldest is dropped first
 PLAIN_CACHE_SIZE = 64
 #: seconds the page's generator waits for news before it yields a no-op update, so that Gradio can close
@@ -238,7 +239,7 @@ class DemoModels:
         if method not in METHODS:
             raise ValueError(f"unknown drafter {method!r}; choose one of {', '.join(METHODS)}")
         if method not in self.drafters:
-            flag = {"draft model": "--draft NAME", "medusa": "--medusa DIR|NAME"}.get(method, "")
+            flag = {"draft model": "--draft NAME", "hybrid": "--draft NAME", "medusa": "--medusa DIR|NAME"}.get(method, "")
             raise ValueError(f"no {method} drafter loaded: start the demo with {flag}")
         return self.drafters[method]
 

@@ -26,7 +26,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree
+from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree, tree_depths
 from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
@@ -328,12 +328,13 @@ def _speculative_decode(
                 per_row[b].extend(values[i, : len(emitted[i])].to(torch.float32, copy=True).unbind(0))
 
     def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int,
-                     seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None) -> None:
+                     seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None,
+                     depths: torch.Tensor | None = None) -> None:
         if session is not None:
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
             if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
                 hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width))
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths))
 
     t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
     # ---- prefill: the target alone chooses each row's first token --------------------------------
@@ -457,7 +458,10 @@ def _speculative_decode(
         else:
             ragged.keep_path(num_accepted, path)
         now = clock(device)
-        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify, columns, path)
+        depths = None
+        if parents is not None:  # each row's tree depth as verified (after _within_budget)
+            depths = (tree_depths(parents, num_drafted).amax(dim=1) if k else num_drafted.new_zeros(n_rows))
+        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify, columns, path, depths)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
         ndr = num_drafted.tolist()
@@ -499,6 +503,11 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
     elif isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, int) or num_tree_nodes < 0:
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
     if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
+        inner = getattr(drafter, "model_drafter", None)
+        if inner is not None:  # a hybrid draws trees where its model drafter does
+            raise ValueError(f"num_tree_nodes={num_tree_nodes}: the hybrid drafter's model source ({inner.method}) "
+                             "drafts chains only; drop num_tree_nodes, or give the hybrid a model drafter that "
+                             "drafts trees (DraftModelDrafter, MedusaDrafter)")
         raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
                          "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, SuffixDrafter, "
                          "HybridDrafter)")
@@ -511,8 +520,6 @@ def _within_budget(tokens, num_drafted, scores, parents, budget):
     with each row's kept nodes first, in their order, and parents re-indexed. A kept node's ancestors are
     shallower, so kept too: what remains is a tree, verified and accepted like any other (the greedy and the
     recursive rejection rules are exact for every tree)."""
-    from .acceptance import tree_depths
-
     cols = torch.arange(tokens.shape[1], device=tokens.device)
     real = cols[None, :] < num_drafted[:, None]
     keep = real & (tree_depths(parents, num_drafted) <= budget[:, None])
@@ -572,8 +579,6 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
     if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0 and parents is None:
         raise bad("no scores under sampling although returns_scores is True")  # a tree without scores: deterministic
     if parents is not None:
-        from .acceptance import tree_depths
-
         if not isinstance(parents, torch.Tensor) or tuple(parents.shape) != tuple(tokens.shape) \
                 or parents.is_floating_point():
             raise bad(f"parents {parents!r} (a tree's parents: LongTensor of the tokens' shape)")

@@ -178,6 +178,25 @@ def test_closing_the_stream_stops_its_generation_and_the_next_request_waits(how)
     assert two["end"]["tokens"] == 8 and not two["end"]["stopped"]
 
 
+def test_the_page_offers_the_suffix_and_hybrid_drafters_it_loads():
+    """load_models builds the suffix drafter, and the hybrid over the draft model; the page offers and runs them
+    (chains and trees). They were built but missing from the page's list, so asking for one was "unknown"."""
+    import hf_spec
+
+    from hf_spec.demo import METHODS
+
+    models = _tiny_models()
+    models.drafters["suffix"] = hf_spec.SuffixDrafter()
+    models.drafters["hybrid"] = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(tiny_llama(seed=6)))
+    assert {"suffix", "hybrid"} <= set(METHODS)
+    for method in ("suffix", "hybrid"):
+        assert models.drafter(method) is models.drafters[method]
+        for tree in ("none", "6"):
+            *_, last = [u for u in stream(models, "abc abc abc", method, 2, 0.0, 1.0, 8, False, tree=tree)
+                        if u is not None]
+            assert "| new tokens | 8 |" in last[1], last[1]
+
+
 def test_plain_decoding_is_measured_once_per_prompt_and_settings():
     models = _tiny_models()
 

@@ -408,7 +408,7 @@ def test_hybrid_prices_each_choice_by_the_positions_it_verifies(pair):
     d._forward_s = {1: [0.1] * 3, 5: [0.1] * 3}
     assert d.choose_source(4, match_length=1, k=4) == "suffix"
     # without the loop's positions, a report is filed under 1 + the longest row verified (a plain step: 1)
-    d._forward_s, d._chosen = {}, [("suffix", 1, 4, 4)]
+    d._forward_s, d._chosen = {}, [("suffix", 1, 4)]
     d.update(VerifyOutput(step=1, num_drafted=torch.tensor([3]), num_accepted=torch.tensor([1]), seconds=0.2))
     d.update(VerifyOutput(step=2, num_drafted=torch.tensor([0]), num_accepted=torch.tensor([0]), seconds=0.1))
     assert d._forward_s == {4: [0.2], 1: [0.1]}
@@ -485,13 +485,15 @@ def test_hybrid_priors_follow_the_match_length(pair):
     d._forward_s = {1: [0.1]}
     assert d.choose_source(4, match_length=1, k=3) == "model"
     assert d.choose_source(8, match_length=12, k=3) == "suffix"
-    d._chosen = [("suffix", 12, 3, 8)]
+    d._chosen = [("suffix", 12, 3)]
     d.update(VerifyOutput(step=1, num_drafted=torch.tensor([8]), num_accepted=torch.tensor([0]), seconds=0.1))
     assert d._suffix_acceptance[3].reached[:1] == [1.0] and d._suffix_acceptance[3].accepted[:1] == [0.0]
     assert all(not a.reached for a in d._suffix_acceptance[:3])
-    # a tree's drafted positions are its depth, not its nodes: 8 nodes 2 deep, both levels accepted, reach no third
-    d._chosen = [("suffix", 12, 3, 2)]
-    d.update(VerifyOutput(step=2, num_drafted=torch.tensor([8]), num_accepted=torch.tensor([2]), seconds=0.1))
+    # a tree's drafted positions are its depth as verified, not its nodes: 8 nodes 2 deep, both levels accepted,
+    # reach no third
+    d._chosen = [("suffix", 12, 3)]
+    d.update(VerifyOutput(step=2, num_drafted=torch.tensor([8]), num_accepted=torch.tensor([2]), seconds=0.1,
+                          depths=torch.tensor([2])))
     assert len(d._suffix_acceptance[3].reached) == 2
     # two rejected model drafts (asked for 6, stopped when unsure after 1 and 3 tokens) do not write the model
     # off: with a prior of one observation it fell under plain decoding (a translation prompt, where the model
@@ -517,17 +519,17 @@ def test_hybrid_lowers_every_suffix_prior_when_its_drafts_are_accepted_less_than
     assert d.choose_source(6, match_length=12, k=6) == "suffix"
     assert d.suffix_prior_scale() == 1.0
     for step in range(1, 4):
-        d._chosen = [("suffix", 12, 6, 6)]
+        d._chosen = [("suffix", 12, 6)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([0]), seconds=0.2))
     assert d.suffix_prior_scale() < 0.65
     assert d.choose_source(6, match_length=12, k=6) == "model"
     scale = d.suffix_prior_scale()
     for step in range(4, 40):  # steps without a suffix draft: the call's factor stays, the bucket's counts fade
-        d._chosen = [("model", 0, 6, 6)]
+        d._chosen = [("model", 0, 6)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([2]), seconds=0.2))
     assert d.suffix_prior_scale() == scale and d._suffix_acceptance[3].reached[0] < 0.1
     for step in range(40, 56):  # then suffix drafts accepted in full: the factor climbs back, never above 1
-        d._chosen = [("suffix", 12, 6, 6)]
+        d._chosen = [("suffix", 12, 6)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([6]), num_accepted=torch.tensor([6]), seconds=0.2))
     assert d.suffix_prior_scale() == 1.0
     assert d.choose_source(6, match_length=12, k=6) == "suffix"
@@ -551,7 +553,7 @@ def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
     for step in range(1, 60):  # suffix drafts accepted 1 in 8 steps, as long as the suffix is chosen
         if d.choose_source(4, match_length=1, k=3) != "suffix":
             break
-        d._chosen = [("suffix", 1, 3, 3)]
+        d._chosen = [("suffix", 1, 3)]
         d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([int(step % 8 == 0)]),
                               seconds=0.1))
         steps.append(step)

@@ -234,12 +234,44 @@ def test_no_row_of_a_batchs_tree_reaches_past_max_length():
     ref = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     highest.clear()
     events = []
+    drafter = ToldDepths(draft, 4)
     out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                           custom_generate=hf_spec.generate, return_dict_in_generate=True,
-                          drafter=WrongForRowZero(draft, 4), event_listeners=[events.append])
+                          drafter=drafter, event_listeners=[events.append])
     assert out.sequences.tolist() == ref.tolist()
     assert max(highest) < 22
     assert [len(row) for row in events[2].emitted] == [1, 5]  # the rows drift apart as meant
+    # the drafter is told each row's depth as verified: its tree's, cut at the row's budget
+    assert drafter.told == drafter.expected
+    assert any(told != drafted for told, drafted in zip(drafter.told, drafter.drafted))  # some tree was cut
+
+
+class ToldDepths(WrongForRowZero):
+    """Records, per step, its trees' depths and the depths the loop tells it were verified
+    (:attr:`VerifyOutput.depths`), beside the depths expected: each tree's, cut at the row's budget (max_length
+    - 1 - the row's padded length; row 0 of INPUTS[1] has 2 pads)."""
+
+    def start(self, target, input_ids, generation_config, *args, **kwargs):
+        self.told, self.drafted, self.expected, self._pending = [], [], [], None
+        return super().start(target, input_ids, generation_config, *args, **kwargs)
+
+    def draft(self, sequences, k):
+        from hf_spec.acceptance import tree_depths
+
+        tokens, num_drafted, scores, parents = super().draft(sequences, k)
+        depths = tree_depths(parents, num_drafted).amax(dim=1).tolist()
+        max_length = self.generation_config.max_length
+        budgets = [max_length - 1 - len(s) - (2 if s[:2].tolist() == [0, 5] else 0) for s in sequences]
+        self._pending = (depths, [min(d, b) for d, b in zip(depths, budgets)])
+        return tokens, num_drafted, scores, parents
+
+    def update(self, verified):
+        super().update(verified)
+        if verified.step and self._pending is not None:
+            self.drafted.append(self._pending[0])
+            self.expected.append(self._pending[1])
+            self.told.append(verified.depths.tolist())
+            self._pending = None
 
 
 class WrongDraftForRowZero(hf_spec.DraftModelDrafter):
@@ -267,7 +299,8 @@ def test_a_draft_model_sees_no_position_past_max_length_in_a_batch(nodes, thresh
     in lockstep, but feeds a row only the tokens it may still draft, so a draft with learned positions up to
     max_length only (GPT-2, n_positions = max_length) never indexes past them, at a second draft too (its cache,
     holes included, caught up). Fed every drafted token as before, the row one token from its cap was fed
-    positions up to max_length + 3."""
+    positions up to max_length + 3. A row at max_length - 1 drafts nothing: no token counted before the
+    confidence stop, no tree node (the loop dropped them; the drafter claimed them)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -277,15 +310,21 @@ def test_a_draft_model_sees_no_position_past_max_length_in_a_batch(nodes, thresh
                                        pad_token_id=1)).eval()
     highest = []
     draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
-    rows = [torch.randint(2, 32, (max_length - 2,)), torch.randint(2, 32, (8,))]
+    rows = [torch.randint(2, 32, (max_length - 2,)), torch.randint(2, 32, (8,)), torch.randint(2, 32, (max_length - 1,))]
     session = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold).start(
-        draft, torch.stack([rows[0][:8], rows[1]]), GenerationConfig(max_length=max_length))
+        draft, torch.stack([r[:8] for r in rows]), GenerationConfig(max_length=max_length))
     for _ in range(2):
         out = session.draft_tree(rows, k, nodes) if nodes else session.draft(rows, k)
         tokens, num_drafted = out[0], out[1]
         assert int(num_drafted[1]) > 1  # the short row drafted on
+        assert int(num_drafted[2]) == 0  # the row at its cap drafted nothing
         assert highest and max(highest) < max_length
-        rows = [rows[0], torch.cat([rows[1], tokens[1, :1]])]  # the short row accepted its first token
+        rows = [rows[0], torch.cat([rows[1], tokens[1, :1]]), rows[2]]  # the short row accepted its first token
+    # a stop at the first token (a draft that doubts everything) does not count one for the row at its cap either
+    doubter = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=0.99).start(
+        draft, torch.stack([r[:8] for r in rows]), GenerationConfig(max_length=max_length))
+    out = doubter.draft_tree(rows, k, nodes) if nodes else doubter.draft(rows, k)
+    assert out[1].tolist()[2] == 0
 
 
 @pytest.mark.parametrize("nodes", [None, 5], ids=["chain", "tree"])
@@ -440,6 +479,13 @@ def test_medusa_tree_greedy_is_exact_and_bad_trees_are_refused():
     kw = dict(max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate)
     with pytest.raises(ValueError, match="drafts chains only"):
         target.generate(prompt, drafter=hf_spec.NgramDrafter(3), num_tree_nodes=8, **kw)
+
+    class ChainOnly(hf_spec.MedusaDrafter):
+        method = "chain-only"
+        drafts_trees = False
+
+    with pytest.raises(ValueError, match=r"model source \(chain-only\) drafts chains only.*MedusaDrafter"):
+        target.generate(prompt, drafter=hf_spec.HybridDrafter(ChainOnly(heads, 3)), num_tree_nodes=8, **kw)
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="num_tree_nodes must be an integer"):
             target.generate(prompt, drafter=hf_spec.MedusaDrafter(heads, 3), num_tree_nodes=bad, **kw)

@@ -75,7 +75,8 @@ class VerifyOutput:
 
     Attributes:
         step: 0 for the prefill, then 1, 2, ... (as :class:`~hf_spec.events.StepEvent`).
-        num_drafted: ``LongTensor[B]``, drafted tokens verified per row (0 at the prefill and on plain steps).
+        num_drafted: ``LongTensor[B]``, drafted tokens verified per row (a tree's nodes; 0 at the prefill and on
+            plain steps).
         num_accepted: ``LongTensor[B]``, drafted tokens accepted per row (``0..num_drafted``); each row then got
             one token of the target's own (correction or bonus) unless a stop ended it inside the accepted run.
         hidden_states: ``Tensor[B, n, H]``, the target's last hidden states (after its final norm: what its
@@ -92,6 +93,9 @@ class VerifyOutput:
             ``None`` after a chain.
         positions: positions per row this forward scored (1 at the prefill and on plain steps, else 1 + the
             draft's width, which may exceed 1 + ``num_drafted.max()``); 0 where not given.
+        depths: after a draft tree, ``LongTensor[B]``: the depth of each row's tree as verified (the drafted
+            positions it reached; ``num_drafted`` counts its nodes), after the loop dropped the nodes past
+            ``max_length``; ``None`` after a chain, whose length is ``num_drafted``.
     """
 
     step: int
@@ -101,6 +105,7 @@ class VerifyOutput:
     seconds: float = 0.0
     path: torch.LongTensor | None = None
     positions: int = 0
+    depths: torch.LongTensor | None = None
 
     def last_hidden_state(self) -> torch.Tensor:
         """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column

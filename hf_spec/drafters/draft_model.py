@@ -209,7 +209,7 @@ class DraftModelDrafter(Drafter):
         bsz = len(seqs)
         budget = self._budget(seqs, k)
         num_drafted = budget.clamp(min=0, max=k)
-        running = torch.ones(bsz, dtype=torch.bool, device=self.device)
+        running = budget > 0  # a row at max_length - 1 drafts nothing (not even a first token the stop counts)
         fed_count = torch.zeros(bsz, dtype=torch.long, device=self.device)
         tokens, scores, fed = [], [], seqs
         for i in range(k):
@@ -263,7 +263,8 @@ class DraftModelDrafter(Drafter):
         as EAGLE-2 does, made every level's draft forward and the verify dearer there than what it gained. ``W =
         num_nodes`` within ``1..TREE_WIDTH``; the rerank puts the siblings where the draft is unsure. A
         row stops growing after a chain token the draft gave under ``confidence_threshold`` (the chain's stop;
-        its later nodes are left out), and drafting ends when every row has stopped. Probabilities are the draft's
+        its later nodes are left out) or at its ``max_length`` budget (:meth:`_budget`: no node deeper than the
+        tokens the row may still draft), and drafting ends when every row has stopped. Probabilities are the draft's
         after the call's logits processors (temperature, top-k, top-p, penalties, with the chain so far as
         prefix); nodes with probability 0 are left out.
 
@@ -282,8 +283,8 @@ class DraftModelDrafter(Drafter):
         reads = reads_sequences(self.logits_processor)
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
         stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
-        running = torch.ones(bsz, dtype=torch.bool, device=device)  # rows whose chain the draft did not doubt
         budget = self._budget(seqs, k)
+        running = budget > 0  # rows whose chain the draft did not doubt, and that may still draft (see _budget)
         fed_count = torch.zeros(bsz, dtype=torch.long, device=device)
         chain_score = torch.zeros(bsz, device=device)  # the chain node's cumulative log-probability
         prefixes, fed, tokens, scores = seqs, [], [], []

@@ -212,10 +212,11 @@ class HybridDrafter(Drafter):
         self._model_acceptance = _Acceptance(self.decay)
         self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
-        # (seconds, or None for a draft that caught up on a long stretch; k asked; tokens drafted) of its latest drafts
+        # (seconds, or None for a draft that caught up on a long stretch; k asked; levels drafted: a chain's tokens,
+        # a tree's depth) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
-        # per row of the last draft: (source, match length, k, positions drafted: a chain's length, a tree's depth)
-        self._chosen: list[tuple[str, int, int, int]] | None = None
+        # per row of the last draft: (source, match length, k asked)
+        self._chosen: list[tuple[str, int, int]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -237,9 +238,9 @@ class HybridDrafter(Drafter):
             self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
             unverified = [*self._suffix_acceptance, self._model_acceptance]
-            for (source, match_length, asked, depth), d, a in zip(self._chosen, verified.num_drafted.tolist(),
-                                                                  verified.num_accepted.tolist()):
-                d = min(d, depth)  # a tree's drafted positions are its depth, not its nodes
+            # a tree's drafted positions are its depth as verified (the loop may have cut it at max_length)
+            drafted = (verified.num_drafted if verified.depths is None else verified.depths).tolist()
+            for (source, match_length, asked), d, a in zip(self._chosen, drafted, verified.num_accepted.tolist()):
                 if d:
                     kind = (self._suffix_acceptance[suffix_bucket(match_length)] if source == "suffix"
                             else self._model_acceptance)
@@ -314,7 +315,8 @@ class HybridDrafter(Drafter):
             scores only where the model drafter samples its nodes (suffix rows one-hot).
 
         Raises:
-            NotImplementedError: a model drafter that drafts chains only (:attr:`drafts_trees` is False).
+            NotImplementedError: a row chose the model and the model drafter drafts chains only
+                (:attr:`drafts_trees` is then False, and the loop refuses ``num_tree_nodes`` before drafting).
         """
         return self._draft(sequences, k, num_nodes)
 
@@ -347,7 +349,8 @@ class HybridDrafter(Drafter):
             # and counted here too it kept the model from being chosen after its first draft. Its length still
             # counts: until one is measured the model is priced at a verify of k + 1 positions, the dearest (a RAG
             # prompt under sampling: the model's first draft a catch-up, then suffix proposals chosen 57 times).
-            # A tree's time is per level: the draft runs one forward per level, whatever its width
+            # A tree's time is per level: a draft model runs one forward per level, whatever the width (Medusa's
+            # heads run once for every level)
             seconds = time.perf_counter() - t0 if catch_up_tokens <= k + 1 else None
             self._model_s = (self._model_s + [(seconds, k, levels)])[-9:]
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
@@ -355,16 +358,11 @@ class HybridDrafter(Drafter):
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
         parents = torch.full((n, width), -1, dtype=torch.long) if num_nodes else None
-        depths = [0] * n  # per row, the positions its draft reaches (a chain's length, a tree's depth)
         scores = None
         if self.returns_scores and self.generation_config.do_sample and (model_scores is not None or not num_nodes):
             # model rows keep their q, suffix rows one-hot
             scores = (model_scores.new_zeros(n, width, model_scores.shape[-1]) if model_scores is not None
                       else torch.zeros(n, width, self._vocab))
-        model_depths = None
-        if model_parents is not None:
-            model_depths = (tree_depths(model_parents, model_num).max(dim=1).values.tolist()
-                            if model_parents.shape[1] else [0] * n)
         for b, (p, source) in enumerate(zip(proposals, sources)):
             if source == "none":
                 continue
@@ -372,7 +370,6 @@ class HybridDrafter(Drafter):
                 m = int(model_num[b])
                 tokens[b, :m] = model_tokens[b, :m].cpu()
                 num[b] = m
-                depths[b] = m if model_depths is None else int(model_depths[b])
                 if parents is not None:
                     parents[b, :m] = model_parents[b, :m].cpu()
                 if scores is not None:
@@ -383,12 +380,9 @@ class HybridDrafter(Drafter):
                 num[b] = m
                 if parents is not None:
                     parents[b, :m] = torch.tensor(p.parents if p.parents is not None else list(range(-1, m - 1)))
-                    depths[b] = int(tree_depths(parents[b:b + 1, :m]).max()) if m else 0
-                else:
-                    depths[b] = m
                 if scores is not None:
                     scores[b, :m] = float("-inf")
                     scores[b, torch.arange(m), tokens[b, :m].to(scores.device)] = 0.0
-        self._chosen = [(s, p.match_length, k, d) for p, s, d in zip(proposals, sources, depths)]
+        self._chosen = [(s, p.match_length, k) for p, s in zip(proposals, sources)]
         self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
         return tokens, num, scores, parents
