@@ -81,6 +81,7 @@ def test_generate_batches_compare_json(tmp_path):
     (["--tree", "8"], "drafter 'ngram' drafts chains only"),
     (["--drafter", "none", "-k", "3"], "-k is about speculative decoding, and --drafter none decodes without it"),
     (["--drafter", "none", "--prometheus-port", "9100"], "--prometheus-port is about speculative decoding"),
+    (["--drafter", "none", "--tree", "6"], "--tree is about speculative decoding, and --drafter none decodes without it"),
 ])
 def test_bad_input_gives_clear_errors(args, msg):
     base = {"--target": "smollm2-135m", "--prompt": "hi", "--drafter": "ngram"}

@@ -33,8 +33,10 @@ def run(args) -> int:
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
                          f"{args.drafter!r}")
-    if spec is None and (args.k is not None or args.prometheus_port is not None):
-        raise ValueError(f"{'-k' if args.k is not None else '--prometheus-port'} is about speculative decoding, and "
+    speculative_only = [flag for flag, given in (("-k", args.k is not None), ("--tree", bool(args.tree)),
+                                                 ("--prometheus-port", args.prometheus_port is not None)) if given]
+    if spec is None and speculative_only:
+        raise ValueError(f"{speculative_only[0]} is about speculative decoding, and "
                          "--drafter none decodes without it: drop the option, or choose a drafter (e.g. ngram, suffix, "
                          "draft:MODEL)")
     if args.tree and (spec is None or not spec.cls.drafts_trees):
