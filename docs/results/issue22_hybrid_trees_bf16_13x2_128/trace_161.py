@@ -1,4 +1,4 @@
-"""Run: .venv/bin/python docs/results/issue22_hybrid_trees_bf16_13x1_128/trace_161.py. Replays the bench's sequence for translation 161 (bf16 target, int4 draft, -k auto, greedy): the warm-up with 8
+"""Run: .venv/bin/python docs/results/issue22_hybrid_trees_bf16_13x2_128/trace_161.py. Replays the bench's sequence for translation 161 (bf16 target, int4 draft, -k auto, greedy): the warm-up with 8
 tokens for each method, then plain decoding, the draft model and the hybrid on the prompt, printing per step the
 hybrid's sources, drafts and acceptance, and the controller's policy events."""
 import torch
