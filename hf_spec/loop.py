@@ -393,7 +393,7 @@ def _speculative_decode(
                 if len(sizer.choices) > changes:  # a new size: recorded with the step, as the controller's k
                     decision = {**(decision or {}), "num_tree_nodes": nodes, "tree_reason": sizer.choices[-1][2]}
             proposal = session.draft_tree(sequences, k_step, nodes) if nodes else session.draft(sequences, k_step)
-            drafts, num_drafted, draft_scores, parents = _checked_draft(
+            drafts, num_drafted, draft_scores, parents, depths = _checked_draft(
                 session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
             if parents is None:  # a chain's tokens past a row's budget become filler (masked, never accepted)
                 num_drafted = torch.minimum(num_drafted, budget)
@@ -402,9 +402,10 @@ def _speculative_decode(
                 # max_length, so most steps skip the depth pass _checked_draft already made
                 drafts, num_drafted, draft_scores, parents = _within_budget(drafts, num_drafted, draft_scores,
                                                                             parents, budget)
+                depths = torch.minimum(depths, budget)  # a tree has a node at every depth above its deepest
             sources = session.last_sources
         else:
-            drafts, num_drafted, draft_scores = input_ids.new_zeros(n_rows, 0), budget, None
+            drafts, num_drafted, draft_scores, depths = input_ids.new_zeros(n_rows, 0), budget, None, None
         k = drafts.shape[1]
         t_verify = clock(device)
         # ---- verify k+1 positions per row in one target forward -------------------------------
@@ -458,9 +459,6 @@ def _speculative_decode(
         else:
             ragged.keep_path(num_accepted, path)
         now = clock(device)
-        depths = None
-        if parents is not None:  # each row's tree depth as verified (after _within_budget)
-            depths = (tree_depths(parents, num_drafted).amax(dim=1) if k else num_drafted.new_zeros(n_rows))
         tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify, columns, path, depths)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
@@ -539,7 +537,9 @@ def _within_budget(tokens, num_drafted, scores, parents, budget):
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,
                    num_tree_nodes: int = 0):
     """A drafter's ``draft`` output, checked before the target sees it: ``(LongTensor[B, k' <= k],
-    LongTensor[B] in 0..k', scores [B, k', V] or None)``, tokens and counts moved to ``device``; a drafter
+    LongTensor[B] in 0..k', scores [B, k', V] or None, parents [B, k'] or None, depths [B] or None)``, tokens and
+    counts moved to ``device``; for a tree, ``depths`` is each row's depth (from the check's own depth pass, so the
+    loop tells the drafter without a second one), ``None`` for a chain; a drafter
     that samples must return its scores (without them the acceptance rule would take its tokens as certain,
     and sampling would not be exact).
 
@@ -592,7 +592,9 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
             raise bad(f"a tree {int(depth.max())} tokens deep (a tree is at most k deep)")
         if num_tree_nodes and tokens.shape[1] > num_tree_nodes:
             raise bad(f"a tree of {tokens.shape[1]} nodes (at most num_tree_nodes={num_tree_nodes})")
-    return tokens, num_drafted, scores, parents
+        depths = depth.amax(dim=1) if tokens.shape[1] else num_drafted.new_zeros(n_rows)
+        return tokens, num_drafted, scores, parents, depths
+    return tokens, num_drafted, scores, parents, None
 
 
 def _root_path(tokens: list[int], parents: list[int] | None, node: int) -> list[int]:
