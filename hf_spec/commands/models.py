@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 __all__ = ["run_train_medusa", "run_quantize", "run_provision"]
 
@@ -16,13 +15,12 @@ def run_train_medusa(args) -> int:
     from dataclasses import fields
 
     from ..device import resolve_dtype
-    from ..medusa.train import TrainSettings, train_medusa
+    from ..medusa.train import TrainSettings, load_texts, train_medusa
     from ..models import load
 
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
     settings.check()  # before loading the target
-    if args.data != "specbench" and not Path(args.data).is_file():
-        raise ValueError(f"no such data file: {args.data}")
+    load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
     print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "

