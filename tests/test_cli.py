@@ -133,6 +133,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "text" and len(report["agreement"]) == 2 and report["positions"] > 100
+    assert report["texts_computed"] == 12 and len(list((out / "cache" / "texts").glob("*.pt"))) == 12
     assert "| head | predicts | top-1 agreement |" in r.stdout
     cfg = json.loads((out / "config.json").read_text())  # vLLM's layout (tests/test_medusa_vllm.py)
     assert cfg["model_type"] == "medusa" and cfg["num_heads"] == 2 and cfg["hf_spec_variant"] == "shared-lm-head"
@@ -143,7 +144,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     r = run(*argv)
     assert r.returncode == 0, r.stderr[-2000:]
     again = json.loads((out / "report.json").read_text())
-    assert again["feature_seconds"] == 0.0 and again["resumed_from_step"] == again["steps"]
+    assert again["texts_computed"] == 0 and again["resumed_from_step"] == again["steps"]
     second = load_file(str(out / "model.safetensors"))
     assert all(first[k].equal(second[k]) for k in first)
 

@@ -389,3 +389,40 @@ def test_load_texts_caps_each_source_and_refuses_mixed_kinds(tmp_path):
     with pytest.raises(ValueError, match="cannot mix question data and plain text"):
         medusa_train.load_texts([str(questions), str(text)], settings)
     assert medusa_train.load_texts(str(text), settings) == ("text", ["one chunk", "another chunk"])
+
+
+@pytest.mark.slow
+def test_features_are_cached_per_text(smol, tmp_path, monkeypatch):
+    """A feature run stopped in its second batch keeps the first batch's texts; the rerun answers only the rest
+    and gives what an uninterrupted run gives; a run with more texts answers only the new ones."""
+    model, tok = smol
+    texts = ["Name a prime number.", "What is 2 + 3?", "Say hello in French.", "Name a colour."]
+    settings = medusa_train.TrainSettings(response_tokens=6, gen_batch_size=2)
+    straight, computed = medusa_train.collect_features(model, tok, "questions", texts, settings, progress=False)
+    assert computed == 4
+    real, calls = type(model).generate, {"n": 0}
+
+    def generate(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls.get("fail") == calls["n"]:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "generate", generate)
+    calls["fail"] = 2
+    with pytest.raises(KeyboardInterrupt):
+        medusa_train.collect_features(model, tok, "questions", texts, settings, False, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.pt"))) == 2  # the first batch's two texts
+    calls.update(n=0, fail=None)
+    resumed, computed = medusa_train.collect_features(model, tok, "questions", texts, settings, False,
+                                                      cache_dir=tmp_path)
+    assert computed == 2 and calls["n"] == 1  # only the unfinished batch ran
+    for a, b in zip(straight, resumed):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    more = texts + ["Name a planet.", "What is 3 + 4?"]
+    calls["n"] = 0
+    _, computed = medusa_train.collect_features(model, tok, "questions", more, settings, False, cache_dir=tmp_path)
+    assert computed == 2 and calls["n"] == 1
+    longer = medusa_train.TrainSettings(response_tokens=7, gen_batch_size=2)  # other lengths: other features
+    _, computed = medusa_train.collect_features(model, tok, "questions", texts, longer, False, cache_dir=tmp_path)
+    assert computed == 4

@@ -24,7 +24,8 @@ def run_train_medusa(args) -> int:
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
     print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "
-          f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s, "
+          f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s "
+          f"({report['texts_computed']} of {report['texts_given']} texts run, the rest cached), "
           f"training {report['train_seconds']:.0f} s")
     print("| head | predicts | top-1 agreement | top-5 agreement | held-out positions |")
     print("|---|---|---|---|---|")

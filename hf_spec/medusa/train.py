@@ -277,27 +277,62 @@ class _LmHeadTap:
         self.handle.remove()
 
 
+def _text_file(folder: Path, target, kind: str, text: str, settings: TrainSettings) -> Path:
+    """Where one text's features are cached: named by what they depend on (target, dtype, kind, text, lengths)."""
+    blob = json.dumps([str(target.name_or_path), str(target.dtype), kind, text, settings.max_tokens,
+                       settings.response_tokens])
+    return folder / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.pt"
+
+
 @torch.no_grad()
 def collect_features(target, tokenizer, kind: str, texts: list[str], settings: TrainSettings,
-                     progress: bool = True) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Run the frozen target once over each text; return per text ``(hidden [n, H], top_ids [n, K], top_logp [n, K])``.
+                     progress: bool = True, cache_dir: str | os.PathLike | None = None,
+                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], int]:
+    """Run the frozen target once over each text; per text ``(hidden [n, H], top_ids [n, K], top_logp [n, K])``.
 
     For ``questions`` the target answers (greedy, ``response_tokens`` new tokens, batches of
     ``gen_batch_size`` prompts of similar length) and the positions are those of its answer (the hidden
-    state of the last prompt token, then of each answer token but the last). For ``text`` each chunk of at
-    most ``max_tokens`` tokens is read in one forward (every position).
+    state of the last prompt token, then of each answer token but the last); a question whose prompt plus
+    answer would exceed ``max_tokens`` gets no positions. For ``text`` each chunk of at most ``max_tokens``
+    tokens is read in one forward (every position), ``gen_batch_size`` chunks to a batch.
+
+    Args:
+        cache_dir: if given, each text's features are saved there after its batch (one file per text, named by
+            a hash of the target's name and dtype, the kind, the text and the lengths; written atomically) and a
+            text with a file is loaded instead of computed: an interrupted run redoes at most one batch, and a
+            run with more texts (a larger ``--max-texts`` samples a superset) computes only the new ones.
+
+    Returns:
+        ``(parts, computed)``: the per-text features in the order of ``texts``, and how many texts the target
+        ran over (the rest came from ``cache_dir``).
     """
     target.eval()
     out: list = [None] * len(texts)
+    files = [None] * len(texts)
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        files = [_text_file(Path(cache_dir), target, kind, t, settings) for t in texts]
+        for i, f in enumerate(files):
+            if f.exists():
+                out[i] = torch.load(f, map_location="cpu", weights_only=False)
+    todo = [i for i in range(len(texts)) if out[i] is None]
+    empty = (torch.zeros(0, target.config.get_text_config().hidden_size), torch.zeros(0, TOP_K, dtype=torch.long),
+             torch.zeros(0, TOP_K))
+
+    def finish(batch: list[int]) -> None:
+        for i in batch:
+            if files[i] is not None:
+                _atomic_save(out[i], files[i])
+
     tap = _LmHeadTap(target)
     try:
         if kind == "questions":
-            encoded = [chat_inputs(tokenizer, t)["input_ids"][0] for t in texts]
-            order = sorted((i for i in range(len(texts)) if len(encoded[i]) + settings.response_tokens <= settings.max_tokens),
-                           key=lambda i: len(encoded[i]))
-            for i in set(range(len(texts))) - set(order):
-                out[i] = (torch.zeros(0, target.config.get_text_config().hidden_size), torch.zeros(0, TOP_K, dtype=torch.long),
-                          torch.zeros(0, TOP_K))
+            encoded = {i: chat_inputs(tokenizer, texts[i])["input_ids"][0] for i in todo}
+            fits = [i for i in todo if len(encoded[i]) + settings.response_tokens <= settings.max_tokens]
+            for i in set(todo) - set(fits):
+                out[i] = empty
+            finish(sorted(set(todo) - set(fits)))
+            order = sorted(fits, key=lambda i: len(encoded[i]))
             batches = [order[j:j + settings.gen_batch_size] for j in range(0, len(order), settings.gen_batch_size)]
             for batch in tqdm(batches, desc="target answers", disable=not progress):
                 tap.records.clear()
@@ -310,16 +345,21 @@ def collect_features(target, tokenizer, kind: str, texts: list[str], settings: T
                 for row, i in enumerate(batch):
                     n = generated_length(seqs[row, width:].tolist(), target.generation_config.eos_token_id)
                     out[i] = (hidden[row, :n].clone(), ids[row, :n].clone(), logp[row, :n].clone())
+                finish(batch)
         else:
-            for i, text in enumerate(tqdm(texts, desc="target reads", disable=not progress)):
-                tap.records.clear()
-                ids = tokenizer(text, return_tensors="pt")["input_ids"][:, : settings.max_tokens]
-                target(input_ids=ids, logits_to_keep=0)
-                h, top_ids, top_logp = tap.records[-1]
-                out[i] = (h[0].clone(), top_ids[0].clone(), top_logp[0].clone())
+            step = settings.gen_batch_size
+            for batch in tqdm([todo[j:j + step] for j in range(0, len(todo), step)], desc="target reads",
+                              disable=not progress):
+                for i in batch:
+                    tap.records.clear()
+                    ids = tokenizer(texts[i], return_tensors="pt")["input_ids"][:, : settings.max_tokens]
+                    target(input_ids=ids, logits_to_keep=0)
+                    h, top_ids, top_logp = tap.records[-1]
+                    out[i] = (h[0].clone(), top_ids[0].clone(), top_logp[0].clone())
+                finish(batch)
     finally:
         tap.close()
-    return out
+    return out, len(todo)
 
 
 # ---- training ---------------------------------------------------------------------------------------
@@ -474,21 +514,12 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     kind, texts = load_texts(data, settings)  # bad data fails before anything is written
     data = data if isinstance(data, str) else "+".join(data)
     (out / "cache").mkdir(parents=True, exist_ok=True)
-    cache = out / "cache" / "features.pt"
     key = {"data": data, "target": target_name or target.name_or_path, **settings.feature_key()}
-    feats = None
-    if cache.exists():
-        saved = torch.load(cache, map_location="cpu", weights_only=False)
-        if saved.meta.get("key") == key:
-            feats = saved
     t_feat = time.perf_counter()
-    if feats is None:
-        parts = collect_features(target, tokenizer, kind, texts, settings, progress)
-        feats = Features.concat(parts, {"key": key, "texts": len(texts), "kind": kind})
-        _atomic_save(feats, cache)
-        feature_seconds = time.perf_counter() - t_feat
-    else:
-        feature_seconds = 0.0
+    parts, computed = collect_features(target, tokenizer, kind, texts, settings, progress,
+                                       cache_dir=out / "cache" / "texts")
+    feats = Features.concat(parts, {"key": key, "texts": len(texts), "kind": kind})
+    feature_seconds = time.perf_counter() - t_feat
     text_count = int(feats.text_index.max()) + 1
     train_texts, eval_texts = _split(text_count, settings.holdout_fraction, settings.seed)
     H = feats.hidden.shape[1]
@@ -509,7 +540,7 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     report = {
         "target": target_name or target.name_or_path, "data": data, "kind": kind, "settings": asdict(settings),
         "texts": text_count, "train_texts": len(train_texts), "eval_texts": len(eval_texts),
-        "positions": int(feats.hidden.shape[0]), "feature_seconds": feature_seconds,
+        "positions": int(feats.hidden.shape[0]), "feature_seconds": feature_seconds, "texts_given": len(texts), "texts_computed": computed,
         "train_seconds": log["seconds"], "total_seconds": time.perf_counter() - t_start, "steps": log["steps"],
         "final_loss": log["final_loss"], "resumed_from_step": log["resumed_from_step"],
         "agreement_before": before, "agreement": after,
