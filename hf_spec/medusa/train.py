@@ -94,10 +94,6 @@ class TrainSettings:
         if self.response_tokens < 0 or self.max_texts < 0 or self.negatives < 0 or self.exclude_per_category < 0:
             raise ValueError("--response-tokens, --max-texts, --negatives and --exclude-per-category must be >= 0")
 
-    def feature_key(self) -> dict:
-        """The settings the cached features depend on."""
-        return {k: getattr(self, k) for k in ("max_tokens", "response_tokens", "max_texts", "exclude_per_category", "seed")}
-
 
 @dataclass
 class Features:
@@ -495,10 +491,16 @@ def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
 
 # ---- the whole job ----------------------------------------------------------------------------------
 def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.PathLike, settings: TrainSettings,
-                 target_name: str | None = None, progress: bool = True) -> dict:
-    """Features (cached in ``out_dir/cache``), training (checkpointed, resumable), the agreement report,
-    and the heads saved in ``out_dir`` in vLLM's Medusa layout (:meth:`MedusaHeads.save_pretrained`: hf-spec
-    and vLLM load the folder as it is).
+                 target_name: str | None = None, progress: bool = True,
+                 loaded: tuple[str, list[str]] | None = None) -> dict:
+    """Features (cached per text in ``out_dir/cache/texts``), training (checkpointed, resumable), the agreement
+    report, and the heads saved in ``out_dir`` in vLLM's Medusa layout (:meth:`MedusaHeads.save_pretrained`:
+    hf-spec and vLLM load the folder as it is).
+
+    Args:
+        data: the sources, as :func:`load_texts` takes them.
+        loaded: ``load_texts(data, settings)``'s result when the caller has already read the data (the CLI
+            does, to refuse bad data before the target loads); read here otherwise.
 
     Returns:
         the report (also written to ``out_dir/report.json``): settings, per-head agreement on held-out
@@ -511,14 +513,12 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     out = Path(out_dir)
     torch.manual_seed(settings.seed)
     t_start = time.perf_counter()
-    kind, texts = load_texts(data, settings)  # bad data fails before anything is written
+    kind, texts = loaded or load_texts(data, settings)  # bad data fails before anything is written
     data = data if isinstance(data, str) else "+".join(data)
-    (out / "cache").mkdir(parents=True, exist_ok=True)
-    key = {"data": data, "target": target_name or target.name_or_path, **settings.feature_key()}
     t_feat = time.perf_counter()
     parts, computed = collect_features(target, tokenizer, kind, texts, settings, progress,
                                        cache_dir=out / "cache" / "texts")
-    feats = Features.concat(parts, {"key": key, "texts": len(texts), "kind": kind})
+    feats = Features.concat(parts, {"texts": len(texts), "kind": kind})
     feature_seconds = time.perf_counter() - t_feat
     text_count = int(feats.text_index.max()) + 1
     train_texts, eval_texts = _split(text_count, settings.holdout_fraction, settings.seed)
@@ -540,7 +540,8 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     report = {
         "target": target_name or target.name_or_path, "data": data, "kind": kind, "settings": asdict(settings),
         "texts": text_count, "train_texts": len(train_texts), "eval_texts": len(eval_texts),
-        "positions": int(feats.hidden.shape[0]), "feature_seconds": feature_seconds, "texts_given": len(texts), "texts_computed": computed,
+        "positions": int(feats.hidden.shape[0]), "feature_seconds": feature_seconds, "texts_given": len(texts),
+        "texts_computed": computed,
         "train_seconds": log["seconds"], "total_seconds": time.perf_counter() - t_start, "steps": log["steps"],
         "final_loss": log["final_loss"], "resumed_from_step": log["resumed_from_step"],
         "agreement_before": before, "agreement": after,
