@@ -578,21 +578,26 @@ class TreeSize:
 
     Whether a tree pays depends on what no model here predicts well: how much the draft's second and third
     guesses add to its first on this text, and what a verify over N + 1 positions costs on this device and dtype
-    (on a CPU without native bfloat16 it grows with N at once; with it, or on a GPU, it stays near a plain step
-    up to tens of positions). So each size in ``sizes`` is measured: the loop asks :meth:`decide` before every
-    speculative step (k > 0, from the call or from :class:`AdaptiveK`, which still decides whether to
-    speculate at all), and this listener counts the tokens each step emitted against its drafting and verifying
-    seconds. The ``start`` size first, then the others in order, ``dwell_steps`` steps each; then the size with
-    the highest rate (tokens summed over its last ``window`` steps / their seconds summed); every
-    ``revisit_steps`` steps each neighbour of the best (the sizes on either side) is measured again for a
-    dwell, as the text changes what a tree is worth. 0 is the chain.
+    (on a CPU without native bfloat16 it grows with N at once; with AVX512-BF16 it stays near a plain step up to
+    ~7 positions; with AMX, or on a GPU, up to tens of positions). So the sizes in ``sizes`` are measured: the
+    loop asks :meth:`decide` before every speculative step (k > 0, from the call or from :class:`AdaptiveK`,
+    which still decides whether to speculate at all), and this listener counts the tokens each step emitted
+    against its drafting and verifying seconds. The ``start`` size first, then the smaller sizes in order, then
+    the larger ones as a ladder: the next larger size is measured only while the largest measured so far has
+    the highest rate, so a machine where a small tree does not pay never spends steps on a large one. Each
+    measurement is ``dwell_steps`` steps; then the size with the highest rate (tokens summed over its last
+    ``window`` steps / their seconds summed) runs, and every ``revisit_steps`` steps each neighbour of the best
+    (the sizes on either side) is measured again for a dwell, as the text changes what a tree is worth. 0 is the
+    chain.
 
     Args:
-        sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and 6
-            nodes: on a 2-core CPU with native bfloat16 a verify of up to ~7 positions cost about one plain step
-            and one of 9-17 cost 1.3-1.6; there draft-model trees of 6 and 8 nodes ran at 1.00-1.06 of the chain
-            and one of 16 at 0.87-0.99, and suffix trees of 6 nodes at 1.03 and of 16 at 0.96 (docs/benchmarks.md,
-            issues 21 and 22); every size measured costs a few steps of a short answer.
+        sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and
+            trees of 6, 12 and 24 nodes: on a 2-core CPU with AVX512-BF16 a verify of up to ~7 positions cost
+            about one plain step and one of 9-17 cost 1.3-1.6, and there draft-model trees of 6 and 8 nodes ran at
+            1.00-1.06 of the chain and one of 16 at 0.87-0.99; on one with AMX a verify of 25 positions cost 1.08
+            plain steps and one of 33 positions 1.14 (docs/benchmarks.md, issues 21 and 22). Every size measured
+            costs a few steps of a short answer; the ladder measures 12 only where 6 beat the chain, and 24 only
+            where 12 beat 6.
         start: the size measured first (default: the second smallest, a small tree).
         dwell_steps: speculative steps each size is kept while measured (>= 1).
         window: steps per size in its rate (>= dwell_steps).
@@ -607,7 +612,7 @@ class TreeSize:
         choices: ``(step, size, reason)`` of every change of size, in order.
     """
 
-    def __init__(self, sizes=(0, 6), start: int | None = None, dwell_steps: int = 3, window: int = 8,
+    def __init__(self, sizes=(0, 6, 12, 24), start: int | None = None, dwell_steps: int = 3, window: int = 8,
                  revisit_steps: int = 32, margin: float = 0.05):
         sizes = sorted({int(n) for n in sizes}) if all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) else None
@@ -629,7 +634,8 @@ class TreeSize:
 
     def reset(self) -> None:
         """Forget everything (the loop calls it at the start of each generate call, on its own copy)."""
-        self._queue = [self.start] + [n for n in self.sizes if n != self.start]  # sizes to measure, in order
+        # sizes to measure, in order: the start, then the smaller ones; the larger ones climb the ladder in decide()
+        self._queue = [self.start] + [n for n in self.sizes if n < self.start]
         self._steps: dict[int, list[tuple[int, float]]] = {}  # size -> (tokens, seconds) of its latest steps
         self._measuring = True  # measuring sizes in turn (else: running the best, counting towards a revisit)
         self.size = self._queue.pop(0)
@@ -650,9 +656,13 @@ class TreeSize:
         if self._queue:  # still measuring
             self._change(self._queue.pop(0), step, "measure")
             return self.size
-        self._measuring = False
         rates = self.rates
         best = max(rates, key=lambda n: (rates[n], -n))
+        larger = [n for n in self.sizes if n > max(self._steps)]
+        if self._measuring and larger and best == max(self._steps):  # the ladder: the largest so far is the best
+            self._change(larger[0], step, f"measure: {best} beat the smaller sizes")
+            return self.size
+        self._measuring = False
         if self._since_revisit >= self.revisit_steps:  # measure the best's neighbours again, afresh
             self._since_revisit = 0
             i = self.sizes.index(best)

@@ -549,6 +549,15 @@ def test_tree_size_measures_each_size_then_keeps_the_fastest_and_follows_a_chang
     assert sizer.rates[0] > sizer.rates[8] and all(c[2] for c in sizer.choices)
     plain = _tree_steps(TreeSize(sizes=(0, 8), dwell_steps=2), lambda step, n: 3, 20)  # equal rates: no thrashing
     assert plain[4:] == [0] * 16 or plain[4:] == [8] * 16
+    # the ladder: larger sizes are measured only while the largest so far is the fastest
+    ladder = (0, 6, 12, 24, 48)
+    small_wins = _tree_steps(TreeSize(sizes=ladder, dwell_steps=2, revisit_steps=6),
+                             lambda step, n: {0: 3, 6: 2}.get(n, 9), 60)  # a large tree would win: never measured
+    assert small_wins[:4] == [6, 6, 0, 0] and set(small_wins) == {0, 6}
+    peak = _tree_steps(TreeSize(sizes=ladder, dwell_steps=2, revisit_steps=6),
+                       lambda step, n: {0: 2, 6: 3, 12: 4, 24: 5, 48: 4}[n], 60)
+    assert peak[:10] == [6, 6, 0, 0, 12, 12, 24, 24, 48, 48]  # climbed while each size beat the smaller ones
+    assert Counter(peak[10:]).most_common(1)[0][0] == 24
     for bad in (dict(sizes=()), dict(sizes=(0, -1)), dict(sizes=(0, 8), start=4), dict(dwell_steps=0),
                 dict(window=1, dwell_steps=2), dict(margin=1.0), dict(sizes=(True, 8))):
         with pytest.raises(ValueError):
@@ -573,7 +582,7 @@ def test_auto_tree_size_in_the_loop_is_exact_and_recorded(tiny):
             chosen = [p["num_tree_nodes"] for p in out.stats.policy_events if "num_tree_nodes" in p]
             # (k="auto" may keep speculation off from the start, by timing: then no size was chosen)
             assert bool(chosen) == any(out.stats.k_per_step), chosen
-            assert set(chosen) <= ({0, 6} if nodes == "auto" else {0, 4, 12}), chosen
+            assert set(chosen) <= ({0, 6, 12, 24} if nodes == "auto" else {0, 4, 12}), chosen
     with pytest.raises(ValueError, match="drafts chains only"):
         target.generate(prompt, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3),
                         num_tree_nodes="auto")
