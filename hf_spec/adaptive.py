@@ -594,8 +594,8 @@ class TreeSize:
         sizes: tree sizes to choose from (node counts; 0 = a chain), at least one. The default, the chain and
             trees of 6, 12 and 24 nodes: on a 2-core CPU with AVX512-BF16 a verify of up to ~7 positions cost
             about one plain step and one of 9-17 cost 1.3-1.6, and there draft-model trees of 6 and 8 nodes ran at
-            1.00-1.06 of the chain and one of 16 at 0.87-0.99; on one with AMX a verify of 25 positions cost 1.08
-            plain steps and one of 33 positions 1.14 (docs/benchmarks.md, issues 21 and 22). Every size measured
+            1.00-1.06 of the chain and one of 16 at 0.87-0.99; on one with AMX a verify of 24 positions cost 1.08
+            plain steps and one of 32 positions 1.14 (docs/benchmarks.md, issues 21 and 22). Every size measured
             costs a few steps of a short answer; the ladder measures 12 only where 6 beat the chain, and 24 only
             where 12 beat 6.
         start: the size measured first (default: the second smallest, a small tree).
@@ -658,9 +658,8 @@ class TreeSize:
             return self.size
         rates = self.rates
         best = max(rates, key=lambda n: (rates[n], -n))
-        larger = [n for n in self.sizes if n > max(self._steps)]
-        if self._measuring and larger and best == max(self._steps):  # the ladder: the largest so far is the best
-            self._change(larger[0], step, f"measure: {best} beat the smaller sizes")
+        if self._measuring and best == max(self._steps) and best < self.sizes[-1]:  # the ladder: climb one size
+            self._change(self.sizes[self.sizes.index(best) + 1], step, f"measure: {best} beat the smaller sizes")
             return self.size
         self._measuring = False
         if self._since_revisit >= self.revisit_steps:  # measure the best's neighbours again, afresh

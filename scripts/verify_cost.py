@@ -2,7 +2,7 @@
 ``--context`` tokens, relative to a one-position forward (a plain decode step), as a chain (causal) and as a tree
 (the last accepted token and a binary tree of n - 1 nodes under it, the loop's tree attention mask). Medians of
 ``--repeats`` after a warm-up, through the loop's own forward (:func:`hf_spec.tuning.measure_forward_times`).
-What it prints decides what a draft tree may cost: where a verify of 25 positions costs about one plain step
+What it prints decides what a draft tree may cost: where a verify of 24 positions costs about one plain step
 (CPUs with AMX in bfloat16, GPUs), trees of 12-24 nodes are nearly free; where it costs 1.5 (AVX512-BF16
 without AMX), trees beyond ~6 nodes are not.
 
@@ -10,21 +10,12 @@ without AMX), trees beyond ~6 nodes are not.
 """
 
 import argparse
-import platform
-import re
 
 import torch
 
 import hf_spec
+from hf_spec.device import machine_info
 from hf_spec.tuning import measure_forward_times
-
-
-def cpu_flags() -> str:
-    try:
-        flags = re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split()
-    except (OSError, AttributeError):
-        return platform.processor() or "unknown"
-    return " ".join(sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "avx_vnni"))))
 
 
 def main():
@@ -38,8 +29,9 @@ def main():
     positions = sorted({1, *(int(x) for x in args.positions.split(","))})
     torch.manual_seed(0)
     ids = torch.randint(100, 20000, (1, args.context))
-    print(f"{args.target}, {args.context}-token cache, median of {args.repeats}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; CPU flags: {cpu_flags()}")
+    info = machine_info()
+    print(f"{args.target}, {args.context}-token cache, median of {args.repeats}; {info['date']}, commit {info['commit']}, "
+          f"{info['machine']} ({', '.join(info['cpu_flags'])}), {info['threads']} threads, torch {info['torch']}")
     print("| dtype | shape | T_1 (ms) | " + " | ".join(f"n={n}" for n in positions[1:]) + " |")
     print("|---|---|---|" + "---|" * (len(positions) - 1))
     for dtype in args.dtype:
