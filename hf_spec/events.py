@@ -27,8 +27,10 @@ class StepEvent:
         emitted: per row, every token appended to the sequence in this step: the accepted drafted tokens,
             then the target's own token (the correction, or the bonus token when the whole draft was
             accepted); shorter when EOS, ``max_new_tokens`` or a stopping criterion ended the row inside it.
-        draft_time_s: wall time spent drafting, in seconds.
-        verify_time_s: wall time of the target forward and the acceptance rule, in seconds.
+        draft_time_s: wall time spent drafting, in seconds (less any one-time kernel measurement in it:
+            :func:`hf_spec.kernels.measuring_seconds`).
+        verify_time_s: wall time of the target forward and the acceptance rule, in seconds (less any one-time
+            kernel measurement in it).
         time_s: seconds since the start of the generate call, at the end of this step.
         finished: per row, whether the row is done after this step.
         policy: optional decision record (from the adaptive policy), e.g. ``{"k": 3, "reason": "..."}``.

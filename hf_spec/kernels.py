@@ -54,7 +54,8 @@ __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "
            "quantize_draft_int4", "is_int4_draft", "draft_kind",
            "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS",
            "measure_gqa_attention", "one_query_mask_pays", "measured_attention", "packed_attention_pays",
-           "packed_sdpa_attention", "packed_attention", "measure_attention_choices"]
+           "packed_sdpa_attention", "packed_attention", "measure_attention_choices", "extra_rows", "route_extra_rows",
+           "one_product_pays", "measure_extra_rows", "measured_extra_rows", "ExtraRows", "measuring_seconds"]
 
 #: Largest top-1/top-2 logit gap at which a greedy speculative output may first differ from plain decoding by
 #: rounding alone (a near-tie), by compute: a verify forward over k+1 positions rounds differently from k+1
@@ -80,7 +81,7 @@ _UPCAST_MIN_ROWS = 48
 
 #: (out_features, in_features, rows bucket, dtype) -> (F.linear seconds, (W @ x.T).T seconds), fastest runs
 _MEASURED: dict[tuple, tuple[float, float]] = {}
-_MEASURE_LOCK = threading.Lock()
+_MEASURE_LOCK = threading.RLock()  # re-entrant: one product's measurement can ask for another's form (float32)
 
 
 def _mm_form(weight: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -134,8 +135,25 @@ def _measured_once(store: dict, key: tuple, measure: Callable[[], tuple[float, f
         with _MEASURE_LOCK:
             times = store.get(key)
             if times is None:
-                times = store[key] = measure()
+                outer = not getattr(_MEASURING, "inside", False)  # a nested measurement's time is the outer one's
+                _MEASURING.inside, t0 = True, time.perf_counter()
+                try:
+                    times = store[key] = measure()
+                finally:
+                    if outer:
+                        _MEASURING.inside = False
+                        _MEASURING.seconds = measuring_seconds() + time.perf_counter() - t0
     return times
+
+
+_MEASURING = threading.local()
+
+
+def measuring_seconds() -> float:
+    """Seconds this thread has spent so far in this module's one-time measurements (the first forward of a shape
+    measures its kernels inside it): the loop leaves them out of the step times that adaptive k and the tree size
+    judge by, which would otherwise take a one-time cost for that step's."""
+    return getattr(_MEASURING, "seconds", 0.0)
 
 
 def measured_forms() -> dict[tuple, tuple[float, float]]:
@@ -386,13 +404,141 @@ def packed_attention():
 
 
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    extra = getattr(_EXTRA_STATE, "rows", None)
+    if extra is not None and extra.module is module:
+        return extra.project(x)
+    return _linear(module.weight, module.bias, x)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; inside :func:`verify_linear`, ``(W @ x.T).T`` for 2..128 float32 CPU rows
+    and weights of at least 2^20 elements where that was measured faster."""
     if getattr(_STATE, "active", False) and x.dtype == torch.float32 and x.device.type == "cpu":
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if _MIN_ROWS <= rows <= _MAX_ROWS and mm_is_faster(module.weight, rows):
-            y = _mm_form(module.weight, x.reshape(rows, x.shape[-1]))
-            y = y.reshape(*x.shape[:-1], module.out_features)
-            return y if module.bias is None else y + module.bias
-    return F.linear(x, module.weight, module.bias)
+        if _MIN_ROWS <= rows <= _MAX_ROWS and weight.numel() >= _MIN_WEIGHT and mm_is_faster(weight, rows):
+            y = _mm_form(weight, x.reshape(rows, x.shape[-1]))
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
+            return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
+
+# ---- extra rows in the target's vocabulary projection ------------------------------------------------------
+#: (out_features, in_features, dtype, device type, rows, extra rows, separate rows (the row counts rounded up to
+#: multiples of 4), inside verify_linear, threads) -> (seconds of one product over rows + extra rows, of two products over rows and separate rows)
+_EXTRA_MEASURED: dict[tuple, tuple[float, float]] = {}
+_EXTRA_STATE = threading.local()
+#: more rows than this in one product (a prompt's positions, a large batch's trees) are never measured or joined
+_EXTRA_MAX_ROWS = 512
+
+
+class ExtraRows:
+    """Rows a drafter wants projected by a routed linear layer (the target's ``lm_head``) in the same product as the
+    layer's own input, inside :func:`extra_rows`.
+
+    Attributes:
+        output: after the layer ran, ``Tensor[B, per_row, out_features]``: the extra rows' projection (its
+            last call's, for a forward that calls the layer more than once), or ``None`` where one product was
+            measured slower than two (the drafter then projects ``separate`` rows itself).
+    """
+
+    def __init__(self, module: torch.nn.Linear, make_rows: Callable[[torch.Tensor], torch.Tensor], per_row: int,
+                 separate: int):
+        self.module, self.make_rows, self.per_row, self.separate = module, make_rows, per_row, separate
+        self.output: torch.Tensor | None = None
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's forward on ``x [B, n, in_features]``: ``[B, n, out_features]``, with the extra rows
+        (``make_rows(x)``, ``[B, per_row, in_features]``) concatenated to ``x`` where that pays (never for an input
+        of another shape)."""
+        weight, bias = self.module.weight, self.module.bias
+        self.output = None
+        if x.dim() != 3 or not x.shape[1] or not x.shape[2]:
+            return _linear(weight, bias, x)
+        batch, n = x.shape[0], x.shape[1]
+        rows, extra = batch * n, batch * self.per_row
+        if rows + extra > _EXTRA_MAX_ROWS or not one_product_pays(weight, rows, extra, batch * self.separate):
+            return _linear(weight, bias, x)
+        more = self.make_rows(x)
+        if more.shape != (batch, self.per_row, x.shape[2]):
+            raise ValueError(f"extra rows of shape {tuple(more.shape)} for an input of {tuple(x.shape)}; expected "
+                             f"{(batch, self.per_row, x.shape[2])}")
+        y = _linear(weight, bias, torch.cat([x, more.to(x.dtype)], dim=1))
+        self.output = y[:, n:]
+        return y[:, :n]
+
+
+@contextlib.contextmanager
+def extra_rows(module: torch.nn.Module, make_rows: Callable[[torch.Tensor], torch.Tensor], per_row: int,
+               separate: int):
+    """Inside the block (on this thread), the routed linear layer ``module`` (:func:`route_extra_rows`) projects
+    ``make_rows(x)`` in the same product as its input ``x`` wherever one product over both was measured faster on
+    this machine than the layer's product plus a separate one over ``separate`` rows per batch row
+    (:func:`one_product_pays`): Medusa heads that share the target's ``lm_head`` read its weights once per step
+    instead of twice, as Medusa's own implementation scores its heads inside the target's forward (Cai et al.
+    2024, FasterDecoding/Medusa ``medusa_model.py``). The layer's own output is the same product of the same
+    rows (other rows beside them can change its float rounding, as a verify forward's width does).
+
+    Args:
+        module: the layer (must have been routed by :func:`route_extra_rows`; otherwise nothing happens).
+        make_rows: ``x [B, n, in_features] -> [B, per_row, in_features]``, called only where it pays.
+        per_row: extra rows per batch row.
+        separate: rows per batch row the caller projects itself when the layer does not.
+
+    Yields:
+        :class:`ExtraRows`, whose ``output`` holds the extra rows' projection after the layer ran.
+    """
+    holder = ExtraRows(module, make_rows, per_row, separate)
+    previous = getattr(_EXTRA_STATE, "rows", None)
+    _EXTRA_STATE.rows = holder
+    try:
+        yield holder
+    finally:
+        _EXTRA_STATE.rows = previous
+
+
+def route_extra_rows(module: torch.nn.Module | None) -> bool:
+    """Route one plain ``nn.Linear`` (a target's ``lm_head``) through hf-spec's forward so that :func:`extra_rows`
+    can add rows to it (idempotent; outside that block and :func:`verify_linear` the forward is exactly
+    ``F.linear``). False for anything else (a quantized or hooked head, a subclass, none, a head with a bias, whose
+    rows the drafter projects without it, one on another device than the CPU, where the measurement is not
+    made): callers then project their rows themselves."""
+    if (type(module) is not torch.nn.Linear or hasattr(module, "_hf_hook") or module.bias is not None
+            or module.weight.device.type != "cpu"):
+        return False
+    return _route_modules([module], _forward) == 1
+
+
+def one_product_pays(weight: torch.Tensor, rows: int, extra: int, separate: int) -> bool:
+    """Whether one product of ``weight`` over ``rows + extra`` rows is faster than two, over ``rows`` and over
+    ``separate`` rows, on this machine: measured with the whole weight (a vocabulary projection is bound by reading
+    it where the rows are few, by computing where they are many: which one depends on the CPU) the first time a
+    shape, dtype, row counts (rounded up to multiples of 4), :func:`verify_linear` state and thread count are asked
+    about, then cached for the process. One product is chosen only where it was at least :data:`MARGIN` faster."""
+    key = (weight.shape[0], weight.shape[1], weight.dtype, weight.device.type, -(-rows // 4) * 4,
+           -(-extra // 4) * 4, -(-separate // 4) * 4, bool(getattr(_STATE, "active", False)), torch.get_num_threads())
+    one, two = _measured_once(_EXTRA_MEASURED, key, lambda: measure_extra_rows(weight, *key[4:7]))
+    return one < (1 - MARGIN) * two
+
+
+@torch.no_grad()
+def measure_extra_rows(weight: torch.Tensor, rows: int, extra: int, separate: int,
+                       repeats: int = REPEATS) -> tuple[float, float]:
+    """Seconds of the fastest run of one product over ``rows + extra`` random rows and of two, over ``rows`` and
+    over ``separate`` rows, with the whole ``weight`` (one warm-up and ``repeats`` runs of each, alternating,
+    timed by :func:`time_form` with names ``"one"`` and ``"two"``; CPU weights: :func:`route_extra_rows` routes no
+    other)."""
+    w = weight.detach()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows + extra, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+    s = torch.randn(separate, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+    fastest = _fastest({"one": lambda: _linear(w, None, x), "two": lambda: (_linear(w, None, x[:rows]),
+                                                                           _linear(w, None, s))}, repeats, time_form)
+    return fastest["one"], fastest["two"]
+
+
+def measured_extra_rows() -> dict[tuple, tuple[float, float]]:
+    """What this process measured for :func:`one_product_pays`: key -> (one product s, two products s)."""
+    return dict(_EXTRA_MEASURED)
 
 
 def install_verify_linear(model: torch.nn.Module) -> int:

@@ -31,7 +31,7 @@ from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
-from .kernels import install_verify_linear, verify_linear
+from .kernels import extra_rows, install_verify_linear, measuring_seconds, route_extra_rows, verify_linear
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
@@ -298,6 +298,22 @@ def _speculative_decode(
     hidden_kwargs = {"output_hidden_states": -1} if session is not None and session.needs_hidden_states else {}
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
+    # rows the drafter wants the target's lm_head to project in its own forward (Medusa heads sharing it)
+    head_rows = session.head_rows_per_position if hidden_kwargs else 0
+    if head_rows and not route_extra_rows(model.get_output_embeddings()):
+        head_rows = 0
+
+    def target_forward(width: int, *args, **kwargs):
+        """``ragged.forward(model, *args, **kwargs)`` and, for a verify forward (``width`` > 1), the drafter's rows
+        projected in it (``[B, width, head_rows, V]``, or None) from the last ``width`` positions' hidden states.
+        The prefill and plain steps keep plain decoding's one-row product (and a plain step of ``"auto"`` costs
+        what plain decoding does); the drafter projects its rows itself after them."""
+        if not head_rows or width < 2:
+            return ragged.forward(model, *args, **kwargs), None
+        with extra_rows(model.get_output_embeddings(), lambda x: session.head_rows(x[:, -width:]).flatten(1, 2),
+                        width * head_rows, head_rows) as extra:
+            out = ragged.forward(model, *args, **kwargs)
+        return out, None if extra.output is None else extra.output.unflatten(1, (width, head_rows))
     scores_out, logits_out = (([[] for _ in range(bsz)] if generation_config.return_dict_in_generate and flag else None)
                               for flag in (generation_config.output_scores, generation_config.output_logits))
 
@@ -329,18 +345,21 @@ def _speculative_decode(
 
     def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int,
                      seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None,
-                     depths: torch.Tensor | None = None) -> None:
+                     depths: torch.Tensor | None = None, head_logits: torch.Tensor | None = None) -> None:
         if session is not None:
             hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
             if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
                 hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths))
+            if head_logits is not None and columns is not None:
+                head_logits = head_logits.gather(1, columns[:, :, None, None].expand(-1, -1, *head_logits.shape[2:]))
+            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths,
+                                        head_logits))
 
-    t0 = clock(device)  # every clock of the statistics waits for the device's queued work (CUDA)
+    t0, m0 = clock(device), measuring_seconds()  # every clock of the statistics waits for the device's queued work
     # ---- prefill: the target alone chooses each row's first token --------------------------------
     ragged = RaggedCache(model.config, bsz, device, cache)
-    out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
-                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
+    out, head_logits = target_forward(1, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
+                                      if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
@@ -348,8 +367,8 @@ def _speculative_decode(
     record(scores_out, scores[:, None], emitted)
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
-    verify_time = clock(device) - t0
-    tell_drafter(0, out, none, none, 1, verify_time)
+    verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
+    tell_drafter(0, out, none, none, 1, verify_time, head_logits=head_logits)
     prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))
@@ -370,7 +389,7 @@ def _speculative_decode(
         step += 1
         n_rows = len(active)
         # ---- draft: the loop chooses k (fixed, or the controller's; 0 = a plain step) -----------------
-        t_draft = clock(device)
+        t_draft, m_draft = clock(device), measuring_seconds()
         decision = None
         sequences = [rows[b][pad_len[b]:] for b in active]  # each row's tokens without its padding
         if controller is not None:
@@ -407,15 +426,15 @@ def _speculative_decode(
         else:
             drafts, num_drafted, draft_scores, depths = input_ids.new_zeros(n_rows, 0), budget, None, None
         k = drafts.shape[1]
-        t_verify = clock(device)
+        t_verify, m_verify = clock(device), measuring_seconds()
         # ---- verify k+1 positions per row in one target forward -------------------------------
         last = torch.stack([rows[b][-1] for b in active])[:, None]
         block = torch.cat([last, drafts], dim=1)
         cols = torch.arange(k + 1, device=device)
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
-            out = ragged.forward(model, block, cols[None, :] <= num_drafted[:, None], logits_to_keep=k + 1,
-                                 parents=parents, **hidden_kwargs)
+            out, head_logits = target_forward(k + 1, block, cols[None, :] <= num_drafted[:, None],
+                                              logits_to_keep=k + 1, parents=parents, **hidden_kwargs)
         logits = out.logits[:, -(k + 1):].float()
         drafts_list = drafts.tolist()
         parents_list = parents.tolist() if parents is not None else None
@@ -458,8 +477,11 @@ def _speculative_decode(
             ragged.truncate(before + 1 + num_accepted)
         else:
             ragged.keep_path(num_accepted, path)
-        now = clock(device)
-        tell_drafter(step, out, num_drafted, num_accepted, k + 1, now - t_verify, columns, path, depths)
+        now, m_now = clock(device), measuring_seconds()
+        # the step's times without one-time kernel measurements (hf_spec.kernels.measuring_seconds): adaptive k, the
+        # tree size and the hybrid drafter judge by them; time_s (the call's clock) keeps everything
+        draft_s, verify_s = t_verify - t_draft - (m_verify - m_draft), now - t_verify - (m_now - m_verify)
+        tell_drafter(step, out, num_drafted, num_accepted, k + 1, verify_s, columns, path, depths, head_logits)
         if streamer is not None:
             streamer.put(torch.tensor(emitted[0]))
         ndr = num_drafted.tolist()
@@ -467,7 +489,7 @@ def _speculative_decode(
             StepEvent(
                 step, k_step, [drafts_list[i][: ndr[i]] for i in range(n_rows)],
                 [min(n_acc[i], len(emitted[i]) - 1) for i in range(n_rows)], emitted,
-                t_verify - t_draft, now - t_verify, now - t0, [finished[b] for b in active], policy=decision,
+                draft_s, verify_s, now - t0, [finished[b] for b in active], policy=decision,
                 rows=list(active), sources=sources,
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
                 positions=k + 1,

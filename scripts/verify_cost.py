@@ -7,6 +7,11 @@ What it prints decides what a draft tree may cost: where a verify of 24 position
 without AMX), trees beyond ~6 nodes are not.
 
     python scripts/verify_cost.py --target qwen2.5-coder-1.5b --dtype bfloat16 float32
+
+With ``--head-rows R`` it also prints what joining R rows per position (Medusa heads that share the target's
+``lm_head``) to a verify forward's vocabulary projection costs: one product over n + n x R rows against two, over
+n rows and over R (:func:`hf_spec.kernels.measure_extra_rows`, the measurement the loop decides by), and the two
+products' time over a plain step's.
 """
 
 import argparse
@@ -15,6 +20,7 @@ import torch
 
 import hf_spec
 from hf_spec.device import machine_info
+from hf_spec.kernels import measure_extra_rows
 from hf_spec.tuning import measure_forward_times
 
 
@@ -25,6 +31,8 @@ def main():
     ap.add_argument("--context", type=int, default=200, help="tokens in the cache before the measured forward")
     ap.add_argument("--positions", default="1,2,4,7,11,16,24,32", help="comma-separated n (1 = a plain step)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--head-rows", type=int, default=0, help="also time the lm_head with this many extra rows per "
+                    "position (Medusa's heads), joined against apart")
     args = ap.parse_args()
     positions = sorted({1, *(int(x) for x in args.positions.split(","))})
     torch.manual_seed(0)
@@ -40,6 +48,14 @@ def main():
             t = measure_forward_times(model, ids, positions, repeats=args.repeats, tree=tree)
             print(f"| {dtype} | {'tree' if tree else 'chain'} | {t[1] * 1000:.0f} | "
                   + " | ".join(f"{t[n] / t[1]:.2f}" for n in positions[1:]) + " |", flush=True)
+        if args.head_rows:
+            weight, R = model.get_output_embeddings().weight, args.head_rows
+            cells = []
+            for n in positions[1:]:
+                one, two = measure_extra_rows(weight, n, n * R, R)
+                cells.append(f"{one / two:.2f} ({two / t[1]:.2f})")
+            print(f"| {dtype} | lm_head + {R} rows per position: one product / two (two / T_1) | | "
+                  + " | ".join(cells) + " |", flush=True)
         del model
 
 

@@ -420,3 +420,75 @@ def test_measurements_leave_the_global_generator_alone():
     kernels.measure_gqa_attention(2, 2, 8, torch.float32, queries=4, context=16, repeats=1)
     kernels.measure_forms(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), 2, repeats=1)
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("one_s,two_s,joined", [(1.0, 2.0, True), (2.0, 1.0, False)])
+def test_extra_rows_join_a_routed_product_only_where_measured_faster(monkeypatch, one_s, two_s, joined):
+    """Rows added to a routed layer's product (Medusa heads in the target's lm_head) come back as their own
+    projection, and the layer's output is its own input's, where one product measured faster than two; where it
+    measured slower nothing is joined and the rows are never made. Other threads and layers are untouched."""
+    import threading
+
+    monkeypatch.setattr(kernels, "_EXTRA_MEASURED", {})
+    timed = []
+    monkeypatch.setattr(kernels, "time_form", lambda name, fn: timed.append(name) or {"one": one_s, "two": two_s}[name])
+    torch.manual_seed(0)
+    layer, other = torch.nn.Linear(8, 50, bias=False), torch.nn.Linear(8, 50, bias=False)
+    assert kernels.route_extra_rows(layer) and kernels.route_extra_rows(layer)  # idempotent
+    assert not kernels.route_extra_rows(torch.nn.Embedding(4, 8)) and not kernels.route_extra_rows(None)
+    assert not kernels.route_extra_rows(torch.nn.Linear(8, 50))  # a bias, which the drafter's rows go without
+    x, rows = torch.randn(2, 3, 8), torch.randn(2, 4, 8)
+    made, seen = [], {}
+    with kernels.extra_rows(layer, lambda h: made.append(h.shape) or rows, 4, 2) as extra:
+        y = layer(x)
+        z = other(x)  # not the routed layer of this block
+        thread = threading.Thread(target=lambda: seen.update(y=layer(x)))
+        thread.start()
+        thread.join()
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, layer.weight))
+    torch.testing.assert_close(z, torch.nn.functional.linear(x, other.weight))
+    assert torch.equal(seen["y"], torch.nn.functional.linear(x, layer.weight))  # the other thread: F.linear itself
+    assert timed.count("one") == timed.count("two") == kernels.REPEATS + 1  # measured once, both forms
+    # 6, 8 and 4 rows rounded up; outside verify_linear; this process's threads
+    assert list(kernels.measured_extra_rows()) == [(50, 8, torch.float32, "cpu", 8, 8, 4, False, torch.get_num_threads())]
+    if joined:
+        assert made == [x.shape]
+        torch.testing.assert_close(extra.output, torch.nn.functional.linear(rows, layer.weight))
+    else:
+        assert made == [] and extra.output is None
+    timed.clear()
+    with kernels.extra_rows(layer, lambda h: rows, 4, 2) as again:
+        layer(x)
+    assert timed == [] and (again.output is not None) == joined  # the choice is cached for the process
+    assert layer(x).shape == (2, 3, 50)  # outside the block: the layer as it was
+
+
+def test_a_measurement_that_needs_another_runs_it_and_counts_its_time_once(monkeypatch):
+    """Inside a float32 verify forward, measuring the joined product asks for the (W @ x.T).T choice of its row
+    counts, a measurement inside a measurement: it must run (not wait on the lock its caller holds), and the
+    seconds the loop leaves out of step times must count the nested time once (never more than the wall time)."""
+    import threading
+    import time
+
+    monkeypatch.setattr(kernels, "_EXTRA_MEASURED", {})
+    monkeypatch.setattr(kernels, "_MEASURED", {})
+    # a lock of this test's own: a regression to a plain Lock hangs this test's thread only, not later measurements
+    monkeypatch.setattr(kernels, "_MEASURE_LOCK", type(kernels._MEASURE_LOCK)())
+    layer = torch.nn.Linear(1024, 1024, bias=False)  # 2^20 weights: a candidate for (W @ x.T).T
+    kernels.route_extra_rows(layer)
+    x, rows = torch.randn(1, 3, 1024), torch.randn(1, 4, 1024)
+    seen = {}
+
+    def run():
+        before, t0 = kernels.measuring_seconds(), time.perf_counter()
+        with kernels.verify_linear(True), kernels.extra_rows(layer, lambda h: rows, 4, 4):
+            seen["y"] = layer(x)
+        seen["measuring"], seen["wall"] = kernels.measuring_seconds() - before, time.perf_counter() - t0
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "a nested measurement waited on its caller's lock"
+    torch.testing.assert_close(seen["y"], torch.nn.functional.linear(x, layer.weight))
+    assert kernels.measured_extra_rows() and kernels.measured_forms()  # both measured, the second inside the first
+    assert 0 < seen["measuring"] <= seen["wall"]

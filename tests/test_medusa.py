@@ -154,9 +154,13 @@ class Recorder(torch.nn.Module):
         return self.inner(hidden, num_heads, **kwargs)
 
 
-def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position():
+def test_drafts_come_from_the_hidden_state_of_the_last_accepted_position(monkeypatch):
     """Each draft must read the target's last hidden state at the position that predicted the row's last
-    token (len - 2), exactly what a full forward over the sequence computes there."""
+    token (len - 2), exactly what a full forward over the sequence computes there. (The heads projected apart;
+    projected in the target's forward they draft the same: the test after this one.)"""
+    from hf_spec import kernels
+
+    monkeypatch.setattr(kernels, "one_product_pays", lambda *args: False)
     target = tiny_llama()
     target.generation_config.eos_token_id = None
     heads = random_heads(n=3).bind(target)
@@ -427,3 +431,45 @@ def test_features_are_cached_per_text(smol, tmp_path, monkeypatch):
     longer = medusa_train.TrainSettings(response_tokens=7, gen_batch_size=2)  # other lengths: other features
     _, computed = medusa_train.collect_features(model, tok, "questions", texts, longer, False, cache_dir=tmp_path)
     assert computed == 4
+
+
+@pytest.mark.parametrize("nodes", [None, 6], ids=["chain", "tree"])
+def test_heads_projected_in_the_targets_forward_draft_as_the_drafter_projects_them(monkeypatch, nodes):
+    """Heads that share the target's lm_head have their rows projected inside the target's verify forwards where
+    one product is measured faster (forced here both ways): joined, the drafter projects them itself only after the
+    prefill, every step drafts what it drafts apart, and the batch's output (left padding) is the target's own; for
+    the hybrid drafter's Medusa source too."""
+    from hf_spec import kernels
+
+    target = tiny_llama(seed=1)  # greedy text that cycles, where these random heads' drafts are accepted at times
+    heads = random_heads(n=4, seed=1).bind(target)
+    prompts = [[0, 5, 7, 9, 3, 5, 7, 9], [0, 4, 6]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    ref = target.generate(**kw)
+    for hybrid in (False, True):
+        drafts = {}
+        for joined in (False, True):
+            monkeypatch.setattr(kernels, "one_product_pays", lambda *args, joined=joined: joined)
+            rec = Recorder(heads)
+            medusa = MedusaDrafter(heads, 3)
+            medusa.heads = rec
+            events = []
+            out = target.generate(**kw, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                                  drafter=hf_spec.HybridDrafter(medusa) if hybrid else medusa,
+                                  event_listeners=[events.append], **({} if nodes is None else {"num_tree_nodes": nodes}))
+            assert torch.equal(out.sequences, ref), (hybrid, joined)
+            medusa_steps = [e for e in events if any(e.drafted) and (not hybrid or "medusa" in (e.sources or []))]
+            assert medusa_steps, (hybrid, joined)
+            assert any(a for e in medusa_steps for a in e.num_accepted), (hybrid, joined)  # columns past the first
+            if not joined:  # every Medusa draft projects its rows
+                assert len(rec.seen) == len(medusa_steps), hybrid
+            elif hybrid:  # only those after a forward that verified nothing (the prefill, the suffix's empty drafts)
+                assert len(rec.seen) < len(medusa_steps)
+            else:  # only the first, after the prefill
+                assert len(rec.seen) == 1
+            drafts[joined] = [e.drafted for e in events]
+        if not hybrid:  # the hybrid's choice of source also weighs measured times, which differ run to run
+            assert drafts[True] == drafts[False] and any(any(d) for d in drafts[True])

@@ -96,6 +96,10 @@ class VerifyOutput:
         depths: after a draft tree, ``LongTensor[B]``: the depth of each row's tree as verified (the drafted
             positions it reached; ``num_drafted`` counts its nodes), after the loop dropped the nodes past
             ``max_length``; ``None`` after a chain, whose length is ``num_drafted``.
+        head_logits: ``Tensor[B, n, r, V]``, the target's ``lm_head`` applied to the ``r`` rows per position the
+            drafter asked for with :meth:`Drafter.head_rows` (columns as :attr:`hidden_states`), projected in the
+            target's forward; ``None`` where that was measured not to pay or the ``lm_head`` is not a plain
+            ``nn.Linear`` (:func:`hf_spec.kernels.extra_rows`), or the drafter asked for none.
     """
 
     step: int
@@ -106,6 +110,7 @@ class VerifyOutput:
     path: torch.LongTensor | None = None
     positions: int = 0
     depths: torch.LongTensor | None = None
+    head_logits: torch.Tensor | None = None
 
     def last_hidden_state(self) -> torch.Tensor:
         """``Tensor[B, H]``: per row, the hidden state that predicted its newest token (column
@@ -118,6 +123,14 @@ class VerifyOutput:
             raise RuntimeError("no hidden states: set needs_hidden_states = True on the drafter class")
         index = self.num_accepted.to(self.hidden_states.device)
         return self.hidden_states[torch.arange(len(index), device=index.device), index]
+
+    def last_head_logits(self) -> torch.Tensor | None:
+        """``Tensor[B, r, V]``: per row, :attr:`head_logits` at column ``num_accepted[b]`` (the rows made from the
+        hidden state that predicted its newest token), or ``None`` without them."""
+        if self.head_logits is None:
+            return None
+        index = self.num_accepted.to(self.head_logits.device)
+        return self.head_logits[torch.arange(len(index), device=index.device), index]
 
 
 class Drafter:
@@ -146,6 +159,9 @@ class Drafter:
     #: True to get the target's last hidden states in :meth:`update` (Medusa, EAGLE-style heads): the loop
     #: then asks the target for them (``output_hidden_states``), which costs memory at the prefill
     needs_hidden_states: bool = False
+    #: rows per scored position that :meth:`head_rows` makes for the target's ``lm_head`` to project in its own
+    #: forward (Medusa heads sharing it: one per head); 0: none (the default)
+    head_rows_per_position: int = 0
     #: the most tokens the drafter can propose per step (``None``: no limit); bounds k and adaptive k
     max_num_speculative_tokens: int | None = None
     #: what follows ``name:`` in a drafter spec (e.g. ``"MODEL"`` in ``draft:MODEL``); ``None``: no argument
@@ -303,6 +319,22 @@ class Drafter:
             ``>= 0``; the default 0 suits drafters whose every step costs about the same (n-gram lookup, heads).
         """
         return 0.0
+
+    def head_rows(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Rows for the target's ``lm_head`` to project in the forward that computed ``hidden_states`` (for drafters
+        with :attr:`head_rows_per_position` > 0 and :attr:`needs_hidden_states`); the loop hands the projection
+        back in :attr:`VerifyOutput.head_logits`, where that was measured to pay (one read of the weights instead
+        of two), else the drafter projects its rows itself. Called inside the target's forward: it must not
+        change the drafter's state.
+
+        Args:
+            hidden_states: ``Tensor[B, n, H]``, the target's last hidden states at the positions this forward
+                scores (columns as :attr:`VerifyOutput.hidden_states` before a tree's gather).
+
+        Returns:
+            ``Tensor[B, n, r, H]`` with ``r`` = :attr:`head_rows_per_position`.
+        """
+        raise NotImplementedError(f"the {self.method} drafter has no rows for the target's lm_head")
 
     def update(self, verified: VerifyOutput) -> None:
         """Hear what the target's forward just computed (after the prefill and after every step, plain ones

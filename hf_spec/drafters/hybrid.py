@@ -168,6 +168,14 @@ class HybridDrafter(Drafter):
         return self.model_drafter.max_num_speculative_tokens
 
     @property
+    def head_rows_per_position(self) -> int:  # the model drafter's (Medusa heads sharing the target's lm_head)
+        model = getattr(self, "_model", None)
+        return model.head_rows_per_position if model is not None else 0
+
+    def head_rows(self, hidden_states):
+        return self._model.head_rows(hidden_states)
+
+    @property
     def stops_when_unsure(self) -> bool:  # suffix proposals end with their evidence; model drafts as the model's
         return self.model_drafter.stops_when_unsure
 
