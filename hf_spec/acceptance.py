@@ -56,12 +56,32 @@ def greedy_accept(
         ValueError: the shapes do not agree.
     """
     _check_shapes(draft_tokens, target_scores)
-    k = draft_tokens.shape[1]
-    target_tokens = target_scores.argmax(dim=-1)  # [B, k+1]
-    matches = (draft_tokens == target_tokens[:, :k]) & _real(draft_tokens, num_drafted)
-    num_accepted = matches.to(torch.long).cumprod(dim=-1).sum(dim=-1)
-    next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
-    return num_accepted, next_token
+    real = _real(draft_tokens, num_drafted).tolist()
+    drafts, accepted, following = draft_tokens.tolist(), [], []
+    for b, row in enumerate(drafts):
+        top = _LazyArgmax(target_scores[b])  # only the positions the walk reaches: a vocabulary-wide scan each
+        n = 0
+        while n < len(row) and real[b][n] and row[n] == top(n):
+            n += 1
+        accepted.append(n)
+        following.append(top(n))
+    device = draft_tokens.device
+    return (torch.tensor(accepted, dtype=torch.long, device=device),
+            torch.tensor(following, dtype=torch.long, device=device))
+
+
+class _LazyArgmax:
+    """``scores [P, V]`` -> the argmax at position p (the first of equal maxima, as ``argmax`` over all positions
+    gives), computed the first time p is asked for: an acceptance walk reads the positions up to the first
+    rejection, and each argmax scans the whole vocabulary (~0.35 ms for 151,936 float32 logits on a 2-core CPU)."""
+
+    def __init__(self, scores: torch.Tensor):
+        self.scores, self.known = scores, {}
+
+    def __call__(self, p: int) -> int:
+        if p not in self.known:
+            self.known[p] = int(self.scores[p].argmax())
+        return self.known[p]
 
 
 def speculative_sample(
@@ -246,23 +266,27 @@ def greedy_accept_tree(
         ValueError: the shapes do not agree, or a parent is not an earlier node.
     """
     _check_tree(tokens, parents, target_scores)
-    bsz, n = tokens.shape
+    n = tokens.shape[1]
     depth = tree_depths(parents, num_nodes)
-    argmax = target_scores.argmax(dim=-1)  # [B, N+1]
     real = _real(tokens, num_nodes)
     parents = torch.where(real, parents, -1)  # filler: never read
-    ok = torch.zeros(bsz, n + 1, dtype=torch.bool, device=tokens.device)
-    ok[:, 0] = True  # the root
-    for j in range(n):
-        up = (parents[:, j] + 1).clamp(min=0)[:, None]
-        ok[:, j + 1] = real[:, j] & ok.gather(1, up).squeeze(1) & (tokens[:, j] == argmax.gather(1, up).squeeze(1))
-    # the deepest accepted node (the earliest among equals), -1 where none
-    score = torch.where(ok[:, 1:], depth * (n + 1) - torch.arange(n, device=tokens.device), -1)
-    last = torch.where(score.max(dim=1).values >= 0, score.argmax(dim=1), -1) if n else \
-        torch.full((bsz,), -1, device=tokens.device)
-    num_accepted = _depth_of(depth, last)
-    next_token = argmax.gather(1, (last + 1)[:, None]).squeeze(1)
-    return num_accepted, _path(parents, last, depth), next_token
+    toks, ups, depths, reals = tokens.tolist(), (parents + 1).tolist(), depth.tolist(), real.tolist()
+    last, following = [], []
+    for b in range(len(toks)):
+        top = _LazyArgmax(target_scores[b])  # the root's position, then those of accepted nodes only
+        ok = [True] + [False] * n  # position 0: the root
+        best, best_score = -1, -1  # the deepest accepted node (the earliest among equals)
+        for j in range(n):
+            up = ups[b][j]
+            if reals[b][j] and ok[up] and toks[b][j] == top(up):
+                ok[j + 1] = True
+                if depths[b][j] * (n + 1) - j > best_score:
+                    best, best_score = j, depths[b][j] * (n + 1) - j
+        last.append(best)
+        following.append(top(best + 1))
+    last = torch.tensor(last, dtype=torch.long, device=tokens.device)
+    return (_depth_of(depth, last), _path(parents, last, depth),
+            torch.tensor(following, dtype=torch.long, device=tokens.device))
 
 
 def speculative_sample_tree(

@@ -44,6 +44,36 @@ def test_greedy_tree_on_chains_is_greedy_accept():
             assert path[b, :n[b]].tolist() == list(range(int(n[b]))) and (path[b, n[b]:] == -1).all()
 
 
+def test_greedy_rules_match_a_reference_on_random_trees_with_tied_scores():
+    """Both greedy rules read the target's argmax only where their walk gets to; against a reference that takes
+    every position's argmax at once (ties: the first maximum) and checks each node's whole root path."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        bsz, n, V = 3, int(torch.randint(0, 9, (1,), generator=g)), 3
+        parents = torch.tensor([[int(torch.randint(-1, j, (1,), generator=g)) if j else -1 for j in range(n)]
+                                for _ in range(bsz)], dtype=torch.long).reshape(bsz, n)
+        tokens = torch.randint(V, (bsz, n), generator=g)
+        scores = torch.randint(0, 3, (bsz, n + 1, V), generator=g).float()  # integer scores: many ties
+        num_nodes = torch.randint(n + 1, (bsz,), generator=g)
+        argmax = scores.argmax(dim=-1)
+        got_n, got_path, got_next = greedy_accept_tree(tokens, parents, scores, num_nodes)
+        for b in range(bsz):
+            def root_path(j):
+                return [] if j < 0 else root_path(int(parents[b, j])) + [j]
+            valid = [j for j in range(int(num_nodes[b]))
+                     if all(tokens[b, p] == argmax[b, int(parents[b, p]) + 1] for p in root_path(j))]
+            best = max(valid, key=lambda j: (len(root_path(j)), -j), default=-1)
+            assert got_n[b] == len(root_path(best)) and got_next[b] == argmax[b, best + 1]
+            assert got_path[b, :len(root_path(best))].tolist() == root_path(best)
+        if n:  # the chain rule on the same scores, against the same reference
+            chain_n, chain_next = greedy_accept(tokens, scores, num_nodes)
+            for b in range(bsz):
+                m = 0
+                while m < int(num_nodes[b]) and tokens[b, m] == argmax[b, m]:
+                    m += 1
+                assert (int(chain_n[b]), int(chain_next[b])) == (m, int(argmax[b, m]))
+
+
 def test_greedy_tree_takes_the_deepest_matching_path():
     # root children 0 and 2 carry the same token; only 2's child matches the target after it
     tokens = torch.tensor([[5, 7, 5, 8, 9]])
