@@ -82,6 +82,7 @@ _UPCAST_MIN_ROWS = 48
 #: (out_features, in_features, rows bucket, dtype) -> (F.linear seconds, (W @ x.T).T seconds), fastest runs
 _MEASURED: dict[tuple, tuple[float, float]] = {}
 _MEASURE_LOCK = threading.RLock()  # re-entrant: one product's measurement can ask for another's form (float32)
+_MEASURING = threading.local()  # per thread: seconds spent measuring (measuring_seconds), and whether inside one
 
 
 def _mm_form(weight: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -144,9 +145,6 @@ def _measured_once(store: dict, key: tuple, measure: Callable[[], tuple[float, f
                         _MEASURING.inside = False
                         _MEASURING.seconds = measuring_seconds() + time.perf_counter() - t0
     return times
-
-
-_MEASURING = threading.local()
 
 
 def measuring_seconds() -> float:
@@ -424,7 +422,8 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) ->
 
 # ---- extra rows in the target's vocabulary projection ------------------------------------------------------
 #: (out_features, in_features, dtype, device type, rows, extra rows, separate rows (the row counts rounded up to
-#: multiples of 4), inside verify_linear, threads) -> (seconds of one product over rows + extra rows, of two products over rows and separate rows)
+#: multiples of 4), inside verify_linear, threads) -> (seconds of one product over rows + extra rows, of two
+#: products, over rows and over separate rows)
 _EXTRA_MEASURED: dict[tuple, tuple[float, float]] = {}
 _EXTRA_STATE = threading.local()
 #: more rows than this in one product (a prompt's positions, a large batch's trees) are never measured or joined

@@ -304,10 +304,10 @@ def _speculative_decode(
         head_rows = 0
 
     def target_forward(width: int, *args, **kwargs):
-        """``ragged.forward(model, *args, **kwargs)`` and, for a verify forward (``width`` > 1), the drafter's rows
-        projected in it (``[B, width, head_rows, V]``, or None) from the last ``width`` positions' hidden states.
-        The prefill and plain steps keep plain decoding's one-row product (and a plain step of ``"auto"`` costs
-        what plain decoding does); the drafter projects its rows itself after them."""
+        """A step's ``ragged.forward(model, *args, **kwargs)`` and, for a verify forward (``width`` > 1), the drafter's
+        rows projected in it (``[B, width, head_rows, V]``, or None) from the last ``width`` positions' hidden states.
+        Plain steps, like the prefill, keep plain decoding's one-row product (a plain step of ``"auto"`` costs what
+        plain decoding does); the drafter projects its rows itself after them."""
         if not head_rows or width < 2:
             return ragged.forward(model, *args, **kwargs), None
         with extra_rows(model.get_output_embeddings(), lambda x: session.head_rows(x[:, -width:]).flatten(1, 2),
@@ -358,8 +358,8 @@ def _speculative_decode(
     t0, m0 = clock(device), measuring_seconds()  # every clock of the statistics waits for the device's queued work
     # ---- prefill: the target alone chooses each row's first token --------------------------------
     ragged = RaggedCache(model.config, bsz, device, cache)
-    out, head_logits = target_forward(1, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
-                                      if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
+    out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
+                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
@@ -368,7 +368,7 @@ def _speculative_decode(
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
-    tell_drafter(0, out, none, none, 1, verify_time, head_logits=head_logits)
+    tell_drafter(0, out, none, none, 1, verify_time)
     prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
     if streamer is not None:
         streamer.put(torch.tensor(emitted[0]))

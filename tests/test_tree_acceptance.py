@@ -44,9 +44,14 @@ def test_greedy_tree_on_chains_is_greedy_accept():
             assert path[b, :n[b]].tolist() == list(range(int(n[b]))) and (path[b, n[b]:] == -1).all()
 
 
-def test_greedy_rules_match_a_reference_on_random_trees_with_tied_scores():
-    """Both greedy rules read the target's argmax only where their walk gets to; against a reference that takes
-    every position's argmax at once (ties: the first maximum) and checks each node's whole root path."""
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy (CPU)", "all at once (other devices)"])
+def test_greedy_rules_match_a_reference_on_random_trees_with_tied_scores(monkeypatch, lazy):
+    """Both greedy rules read the target's argmax only where their walk gets to on a CPU, all at once elsewhere;
+    against a reference that takes every position's argmax at once (ties: the first maximum) and checks each node's
+    whole root path."""
+    from hf_spec import acceptance
+
+    monkeypatch.setattr(acceptance._Argmax, "lazy_devices", ("cpu",) if lazy else ())
     g = torch.Generator().manual_seed(1)
     for _ in range(300):
         bsz, n, V = 3, int(torch.randint(0, 9, (1,), generator=g)), 3

@@ -20,11 +20,12 @@ it, starting from :func:`prior_accuracy`).
 The drafter asks the loop for the target's hidden states (``needs_hidden_states``): after every target
 forward, plain or speculative, the loop hands it the last hidden states (after the final norm, what
 ``lm_head`` reads) of the positions it scored, and the drafter keeps, per row, the one that predicted the
-row's newest token (:meth:`~hf_spec.drafters.base.VerifyOutput.last_hidden_state`). Nothing is hooked into
-the target, so any number of calls and threads can share it. Heads that share the target's ``lm_head`` ask the loop
-to project their rows in the target's own forward (:meth:`head_rows`; :func:`hf_spec.kernels.extra_rows`) where
-one product over the target's and the heads' rows was measured faster than two: the vocabulary projection's
-weights (a 151,936 x 1,536 matrix for Qwen2.5) are then read once per step, not twice. Medusa's "typical acceptance" (accepting
+row's newest token (:meth:`~hf_spec.drafters.base.VerifyOutput.last_hidden_state`). No hook is left on the target
+that another call could see, so any number of calls and threads can share it. Heads that share the target's
+``lm_head`` ask the loop to project their rows in the target's verify forwards (:meth:`head_rows`;
+:func:`hf_spec.kernels.extra_rows`, state on the calling thread only) where one product over the target's and the
+heads' rows was measured faster than two: the vocabulary projection's weights (a 151,936 x 1,536 matrix for Qwen2.5)
+are then read once per step, not twice. Medusa's "typical acceptance" (accepting
 tokens the target finds merely plausible) is lossy and is not offered.
 """
 
