@@ -161,6 +161,14 @@ class SuffixFirstHybrid(hf_spec.HybridDrafter):
         return "suffix" if proposal_length else "model"
 
 
+class ModelFirstHybrid(hf_spec.HybridDrafter):
+    """The hybrid drafter with its choice fixed to the model, so that every row with a suffix match long enough
+    drafts the merged tree (the model's with the suffix proposal folded in)."""
+
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+        return "model"
+
+
 class SampledModelTrees(ModelTreeDrafter):
     """:class:`ModelTreeDrafter` as a tree drafter (``draft_tree``): nodes sampled i.i.d. with their q."""
 
@@ -198,6 +206,75 @@ def test_hybrid_tree_greedy_is_exact_with_both_sources_in_a_batch():
                           custom_generate=hf_spec.generate, num_tree_nodes=6,
                           drafter=hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)))
     assert out.tolist() == ref.tolist()
+
+
+def test_merge_into_tree_shares_the_common_prefix_and_appends_the_rest():
+    """merge_into_tree against its definition: the chain's longest prefix that is a root path of the tree is
+    shared, the rest hangs below it in order; the tree's own nodes stay first and unchanged; every root path of
+    either input is one of the result; a chain already in the tree adds nothing."""
+    from hf_spec.drafters.hybrid import merge_into_tree
+
+    tokens, parents = [5, 6, 7, 8], [-1, -1, 0, 2]  # 5 -> 7 -> 8 and 6
+    assert merge_into_tree(tokens, parents, [5, 7, 9, 4]) == ([5, 6, 7, 8, 9, 4], [-1, -1, 0, 2, 2, 4])
+    assert merge_into_tree(tokens, parents, [6, 6]) == ([5, 6, 7, 8, 6], [-1, -1, 0, 2, 1])
+    assert merge_into_tree(tokens, parents, [3]) == ([5, 6, 7, 8, 3], [-1, -1, 0, 2, -1])
+    assert merge_into_tree(tokens, parents, [5, 7, 8]) == (tokens, parents)
+    assert merge_into_tree([], [], [1, 1]) == ([1, 1], [-1, 0])
+
+    def paths(t, p):
+        out = set()
+        for j in range(len(t)):
+            path, node = [], j
+            while node >= 0:
+                path.append(t[node])
+                node = p[node]
+            out.add(tuple(path[::-1]))
+        return out
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(0, 8, (1,), generator=gen))
+        t = torch.randint(0, 3, (n,), generator=gen).tolist()
+        p = [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(n)]  # a parent before its child
+        chain = torch.randint(0, 3, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist()
+        mt, mp = merge_into_tree(t, p, chain)
+        assert mt[:n] == t and mp[:n] == p and all(mp[j] < j for j in range(len(mp)))
+        assert paths(mt, mp) == paths(t, p) | {tuple(chain[:i]) for i in range(1, len(chain) + 1)}
+        added = list(zip(mp[n:], mt[n:]))
+        assert len(added) == len(set(added)) and not set(added) & set(zip(p, t))
+
+
+def test_hybrid_merged_tree_is_exact_and_its_suffix_branch_is_taken(monkeypatch):
+    """A model row with a suffix match drafts the model's tree with the suffix proposal folded in: greedy output
+    stays the target's own (single and a left-padded batch), no tree passes num_tree_nodes, the rows read
+    "draft+suffix", and with a corpus holding the target's own answer the suffix branch is taken: more tokens
+    accepted than the same hybrid without the merge."""
+    import hf_spec.drafters.hybrid as hybrid
+
+    target, draft = noisy_pair()
+    for inputs in INPUTS:
+        ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        corpus = [row.tolist() for row in ref]  # the answers themselves: every suffix proposal is right
+
+        def run():
+            events = []
+            drafter = ModelFirstHybrid(hf_spec.DraftModelDrafter(draft, 3),
+                                       hf_spec.SuffixDrafter(corpus=corpus, min_match=2))
+            out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                  custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
+                                  num_tree_nodes=8, event_listeners=[events.append])
+            assert out.sequences.tolist() == ref.tolist()
+            assert all(len(p) <= 8 for e in events[1:] if e.parents for p in e.parents)
+            return out.stats, {s for e in events[1:] if e.sources for s in e.sources}
+
+        merged, sources = run()
+        assert "draft+suffix" in sources, sources
+        monkeypatch.setattr(hybrid, "MERGE_MIN_MATCH", 10**9)
+        alone, sources = run()
+        monkeypatch.undo()
+        assert "draft+suffix" not in sources
+        assert merged.num_accepted_tokens > alone.num_accepted_tokens, (merged.num_accepted_tokens,
+                                                                        alone.num_accepted_tokens)
 
 
 class WrongForRowZero(ModelTreeDrafter):
@@ -367,9 +444,12 @@ def _medusa_tree(target, draft):
 
 @pytest.mark.parametrize("make,nodes", [(lambda target, draft: ModelTreeDrafter(draft, 2), None), (_medusa_tree, 6),
                                         (lambda target, draft: hf_spec.DraftModelDrafter(draft, 2), 5),
-                                        (lambda target, draft: SuffixFirstHybrid(SampledModelTrees(draft, 2)), 6)],
+                                        (lambda target, draft: SuffixFirstHybrid(SampledModelTrees(draft, 2)), 6),
+                                        (lambda target, draft: ModelFirstHybrid(
+                                            hf_spec.DraftModelDrafter(draft, 2),
+                                            hf_spec.SuffixDrafter(corpus=[[7, t, (t + 1) % 10, (t + 3) % 10] for t in range(10)])), 6)],
                          ids=["sampled-model-tree", "medusa-top-k-tree", "draft-model-tree",
-                              "hybrid-suffix-and-sampled-model-trees"])
+                              "hybrid-suffix-and-sampled-model-trees", "hybrid-merged-trees"])
 def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch, make, nodes):  # noqa: F811
     target, draft = pair
     procs = processors(1.0)
@@ -381,7 +461,7 @@ def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkey
         """N_RUNS independent samples, as the rows of a few batches (each row samples on its own)."""
         drafter = make(target, draft)  # before seeding: building random heads seeds the global generator
         torch.manual_seed(seed)
-        found, accepted = {}, 0
+        found, accepted, sources = {}, 0, set()
         for _ in range(N_RUNS // 300):
             out = hf_spec.speculative_decode(target, PROMPT.expand(300, -1), drafter,
                                              logits_processor=procs, stopping_criteria=stop, generation_config=cfg,
@@ -389,11 +469,14 @@ def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkey
             for row in out.sequences[:, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist():
                 found[tuple(row)] = found.get(tuple(row), 0) + 1
             accepted += out.stats.num_accepted_tokens
-        return found, accepted
+            sources |= set(out.stats.per_source)
+        return found, accepted, sources
 
-    found, accepted = counts(7)
+    found, accepted, sources = counts(7)
     assert pvalue(found, exact) > ALPHA
     assert accepted > N_RUNS // 4
+    if isinstance(make(target, draft), ModelFirstHybrid):  # the suffix corpus's chains joined the model's trees
+        assert "draft+suffix" in sources, sources
     monkeypatch.setattr(hf_spec.loop, "speculative_sample_tree", wrong_sibling_rule)
     assert pvalue(counts(8)[0], exact) < ALPHA
 

@@ -41,7 +41,13 @@ draft). Each step's choice per row is in
 :class:`~hf_spec.metrics.SpecStats` counts drafted and accepted tokens by source).
 
 With ``num_tree_nodes`` in the call (:meth:`HybridDrafter.draft_tree`) each row drafts its chosen source's tree:
-the suffix drafter's speculation tree or the model drafter's.
+the suffix drafter's speculation tree or the model drafter's. A row that chose the model and has a suffix match of
+:data:`MERGE_MIN_MATCH` tokens or more gets both in one tree: the suffix proposal is folded into the model's tree
+as a branch (:func:`merge_into_tree`; tokens the model drafted too are shared), in nodes the model's tree leaves
+free, so that the target takes whichever continues the text: the model's where the answer is new, the suffix
+proposal's where it copies, past where the model's chain stopped unsure (SuffixDecoding's hybrid picks one source
+per step; verifying both costs a few positions of one forward, nearly free where a verify of ~17 positions costs
+about a plain step).
 
 Exact like every drafter: suffix rows are deterministic (one-hot q), model rows keep the distributions they
 were sampled from.
@@ -60,7 +66,7 @@ from ..adaptive import forward_time
 from .base import Drafter, VerifyOutput, logit_rows
 from .suffix import SuffixDrafter
 
-__all__ = ["HybridDrafter"]
+__all__ = ["HybridDrafter", "MERGE_MIN_MATCH", "merge_into_tree"]
 
 #: Suffix proposals' prior conditional acceptance by match length: ``(shortest match, first token, each later
 #: token)`` per bucket. Measured offline (docs/results/issue21_hybrid_priors/, 2026-12-02) on the target's
@@ -74,6 +80,37 @@ def suffix_bucket(match_length: int) -> int:
     """The index in :data:`SUFFIX_PRIORS` of the bucket a suffix match of ``match_length`` tokens falls in (the
     first for anything shorter than its shortest match)."""
     return max(0, bisect.bisect_right([shortest for shortest, _, _ in SUFFIX_PRIORS], match_length) - 1)
+
+
+#: the shortest suffix match whose proposal joins a model row's tree (:meth:`HybridDrafter.draft_tree`): from 2
+#: tokens on, the first suffix token was accepted about half the time (:data:`SUFFIX_PRIORS`), 1-token matches a quarter
+MERGE_MIN_MATCH = 2
+
+
+def merge_into_tree(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int]]:
+    """Fold ``chain`` (tokens that follow the root one after another) into a draft tree as a branch: its longest
+    prefix that is already a root path of the tree is shared, the rest hangs below as new nodes, appended in order.
+
+    Args:
+        tokens: the tree's node tokens, ``[N]``.
+        parents: each node's parent index, ``[N]`` (-1: the root; a parent before its children).
+        chain: the tokens to fold in, ``[L]``.
+
+    Returns:
+        ``(tokens, parents)`` of the merged tree, ``N + (L - shared)`` nodes, the tree's own first and unchanged;
+        every root path of either input is a root path of the result, and no two siblings are added with one token.
+    """
+    children = {(p, t): j for j, (t, p) in enumerate(zip(tokens, parents))}
+    tokens, parents = list(tokens), list(parents)
+    node = -1
+    for t in chain:
+        j = children.get((node, t))
+        if j is None:
+            tokens.append(t)
+            parents.append(node)
+            j = children[(node, t)] = len(tokens) - 1
+        node = j
+    return tokens, parents
 
 
 #: the weight of a prior, in observations: one let a model drafter's first two rejected drafts write it off (a
@@ -315,8 +352,14 @@ class HybridDrafter(Drafter):
         chain (their chain proposals priced alike), then drafts its tree of at most ``num_nodes`` nodes and k
         deep: the suffix drafter SuffixDecoding's speculation tree, the model drafter its own
         (:meth:`~hf_spec.drafters.draft_model.DraftModelDrafter.draft_tree`,
-        :meth:`~hf_spec.drafters.medusa.MedusaDrafter.draft_tree`). A row's acceptance statistics count its tree's
-        depth, not its nodes, as drafted positions, and the model's drafting time is priced per level.
+        :meth:`~hf_spec.drafters.medusa.MedusaDrafter.draft_tree`). A model row with a suffix match of
+        :data:`MERGE_MIN_MATCH` tokens or more also gets its suffix proposal (the chain it would draft, at most
+        ``num_nodes // 2`` tokens) folded in (:func:`merge_into_tree`); the model then drafts that many nodes
+        fewer, so no row passes ``num_nodes``; its source reads ``"<model>+suffix"`` in :attr:`last_sources`, and
+        its acceptance counts as the model's (the merged tree is what a model row drafts). Only into trees whose
+        nodes are deterministic (the model drafter returns no scores for them: a draft model's and Medusa's trees),
+        where one-hot q keeps sampling exact. A row's acceptance statistics count its tree's depth, not its nodes,
+        as drafted positions, and the model's drafting time is priced per level.
 
         Returns:
             ``(tokens [B, N], num_drafted [B], scores [B, N, V] or None, parents [B, N])``, ``N <= num_nodes``;
@@ -343,11 +386,17 @@ class HybridDrafter(Drafter):
             proposals = [self._suffix.propose(b, seq, k, num_nodes) if source == "suffix" else p
                          for b, (seq, p, source) in enumerate(zip(sequences, proposals, sources))]
         n = len(sequences)
+        # model rows with a suffix match long enough: their suffix chain joins the model's tree
+        merge = ({b: p.tokens[:num_nodes // 2] for b, (p, s) in enumerate(zip(proposals, sources))
+                  if s == "model" and p.match_length >= MERGE_MIN_MATCH and p.tokens} if num_nodes > 1 else {})
+        merge = {b: chain for b, chain in merge.items() if chain}
         model_tokens = model_scores = model_parents = None
         if "model" in sources:
             t0 = time.perf_counter()
             if num_nodes:
-                model_tokens, model_num, model_scores, model_parents = self._model.draft_tree(sequences, k, num_nodes)
+                model_nodes = num_nodes - max(map(len, merge.values()), default=0)
+                model_tokens, model_num, model_scores, model_parents = self._model.draft_tree(sequences, k,
+                                                                                             model_nodes)
                 levels = int(tree_depths(model_parents, model_num).max()) if model_parents.shape[1] else 0
             else:
                 model_tokens, model_num, model_scores = self._model.draft(sequences, k)
@@ -361,8 +410,15 @@ class HybridDrafter(Drafter):
             # heads run once for every level)
             seconds = time.perf_counter() - t0 if catch_up_tokens <= k + 1 else None
             self._model_s = (self._model_s + [(seconds, k, levels)])[-9:]
+        if model_scores is not None:  # sampled nodes with their q: nothing one-hot joins them
+            merge = {}
+        merged = {}  # row -> (tokens, parents) of its model tree with its suffix chain folded in
+        for b, chain in merge.items():
+            m = int(model_num[b])
+            merged[b] = merge_into_tree(model_tokens[b, :m].tolist(), model_parents[b, :m].tolist(), chain)
         width = max([len(p.tokens) for p, s in zip(proposals, sources) if s == "suffix"]
-                    + ([model_tokens.shape[1]] if model_tokens is not None else []) + [0])
+                    + ([model_tokens.shape[1]] if model_tokens is not None else [])
+                    + [len(t) for t, _ in merged.values()] + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
         parents = torch.full((n, width), -1, dtype=torch.long) if num_nodes else None
@@ -374,7 +430,13 @@ class HybridDrafter(Drafter):
         for b, (p, source) in enumerate(zip(proposals, sources)):
             if source == "none":
                 continue
-            if source == "model":
+            if b in merged:
+                row_tokens, row_parents = merged[b]
+                m = len(row_tokens)
+                tokens[b, :m] = torch.tensor(row_tokens, dtype=torch.long)
+                parents[b, :m] = torch.tensor(row_parents, dtype=torch.long)
+                num[b] = m
+            elif source == "model":
                 m = int(model_num[b])
                 tokens[b, :m] = model_tokens[b, :m].cpu()
                 num[b] = m
@@ -392,5 +454,6 @@ class HybridDrafter(Drafter):
                     scores[b, :m] = float("-inf")
                     scores[b, torch.arange(m), tokens[b, :m].to(scores.device)] = 0.0
         self._chosen = [(s, p.match_length, k) for p, s in zip(proposals, sources)]
-        self.last_sources = [self.model_drafter.method if s == "model" else s for s in sources]
+        self.last_sources = [(self.model_drafter.method + ("+suffix" if b in merged else "")) if s == "model" else s
+                             for b, s in enumerate(sources)]
         return tokens, num, scores, parents
