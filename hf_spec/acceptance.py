@@ -31,6 +31,8 @@ from the target alone at position ``num_drafted[b]`` (the bonus token of a short
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 __all__ = ["greedy_accept", "speculative_sample", "greedy_accept_tree", "speculative_sample_tree", "tree_depths"]
@@ -70,6 +72,12 @@ def greedy_accept(
             torch.tensor(following, dtype=torch.long, device=device))
 
 
+#: device types where an acceptance walk computes what it reads of each position when it first reads it (an argmax,
+#: the target's processed distribution): on a CPU a walk reads only the positions up to its rejections, and each is
+#: a pass over the whole vocabulary; elsewhere all positions at once (one kernel, one copy to the host)
+LAZY_DEVICES = ("cpu",)
+
+
 class _Argmax:
     """``scores [B, P, V]`` -> ``(b, p)`` -> the argmax of row b at position p (the first of equal maxima). On a
     CPU each is computed the first time it is asked for: an acceptance walk reads only the positions up to its
@@ -77,7 +85,7 @@ class _Argmax:
     kernel and one copy to the host instead of one per position)."""
 
     #: device types where each argmax is computed when first asked for
-    lazy_devices = ("cpu",)
+    lazy_devices = LAZY_DEVICES
 
     def __init__(self, scores: torch.Tensor):
         self.scores = scores
@@ -242,11 +250,13 @@ def _depth_of(depth: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     return torch.where(node >= 0, depth.gather(1, node.clamp(min=0)[:, None]).squeeze(1), 0)
 
 
-def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor) -> None:
-    if tokens.dim() != 2 or target.dim() != 3 or parents.shape != tokens.shape:
+def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor | None) -> None:
+    """Shapes of a tree and of the target's scores (``None``: scores computed per position, not checked here)."""
+    if tokens.dim() != 2 or (target is not None and target.dim() != 3) or parents.shape != tokens.shape:
         raise ValueError(f"expected tokens [B, N], parents [B, N] and target scores [B, N+1, V], got "
-                         f"{tuple(tokens.shape)}, {tuple(parents.shape)} and {tuple(target.shape)}")
-    if target.shape[:2] != (tokens.shape[0], tokens.shape[1] + 1):
+                         f"{tuple(tokens.shape)}, {tuple(parents.shape)} and "
+                         f"{None if target is None else tuple(target.shape)}")
+    if target is not None and target.shape[:2] != (tokens.shape[0], tokens.shape[1] + 1):
         raise ValueError(f"target scores must cover N+1 = {tokens.shape[1] + 1} positions (the root, then each node) "
                          f"for {tokens.shape[0]} rows, got shape {tuple(target.shape)}")
 
@@ -301,7 +311,7 @@ def speculative_sample_tree(
     tokens: torch.Tensor,
     parents: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | Callable[[int], torch.Tensor],
     generator: torch.Generator | None = None,
     num_nodes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,7 +332,10 @@ def speculative_sample_tree(
         draft_probs: ``Tensor[B, N, V]``, the distribution each node's token was drawn from (after the same logits
             processors as the target), or ``None`` for a deterministic drafter (one-hot q for every node).
         target_probs: ``Tensor[B, N+1, V]``: the target's processed distributions at the root (position 0) and
-            after each node (position j+1).
+            after each node (position j+1); or a function ``j -> Tensor[B, V]`` giving position j's, called once
+            for each position the walk reads (the root and each node it moves to), in order: the loop passes one
+            on a CPU (:data:`LAZY_DEVICES`), where processing a position (top-p sorts the vocabulary) costs a few
+            milliseconds and a walk reads 2-5 of a 17-node tree's positions.
         generator: optional ``torch.Generator`` for the uniform draws and the final sample.
         num_nodes: optional ``LongTensor[B]``: real nodes per row (the rest are filler, never tried).
 
@@ -335,20 +348,25 @@ def speculative_sample_tree(
     Raises:
         ValueError: the shapes do not agree, or a parent is not an earlier node.
     """
-    _check_tree(tokens, parents, target_probs)
+    if isinstance(target_probs, torch.Tensor):
+        _check_tree(tokens, parents, target_probs)
+        target_probs = target_probs.float()
+        column = lambda j: target_probs[:, j]  # noqa: E731
+    else:
+        _check_tree(tokens, parents, None)
+        column = lambda j: target_probs(j).float()  # noqa: E731
     bsz, n = tokens.shape
-    device = target_probs.device
+    device = tokens.device
     depth = tree_depths(parents, num_nodes)
-    target_probs = target_probs.float()
+    p = column(0).clone()  # what is left of the target's distribution at cur
     if draft_probs is not None:
-        if draft_probs.shape != (bsz, n, target_probs.shape[-1]):
-            raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, target_probs.shape[-1])}")
+        if draft_probs.shape != (bsz, n, p.shape[-1]):
+            raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, p.shape[-1])}")
         draft_probs = draft_probs.float()
     real = _real(tokens, num_nodes)
     rows = torch.arange(bsz, device=device)
     u = torch.rand((bsz, n), device=device, generator=generator)
     cur = torch.full((bsz,), -1, dtype=torch.long, device=device)  # the node the walk is at (-1: the root)
-    p = target_probs[:, 0].clone()  # what is left of the target's distribution at cur
     # one pass in node order walks every row's tree: a node's children come after it, and once the walk moves
     # to a child, its later siblings no longer have cur as their parent
     for j in range(n):
@@ -371,6 +389,6 @@ def speculative_sample_tree(
             p = torch.where(reject[:, None], residual, p)
         if bool(accept.any()):
             cur = torch.where(accept, j, cur)
-            p = torch.where(accept[:, None], target_probs[:, j + 1], p)
+            p = torch.where(accept[:, None], column(j + 1), p)
     next_token = torch.multinomial(p / p.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
     return _depth_of(depth, cur), _path(parents, cur, depth), next_token

@@ -26,7 +26,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree, tree_depths
+from .acceptance import (LAZY_DEVICES, greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree,
+                         tree_depths)
 from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
@@ -438,31 +439,39 @@ def _speculative_decode(
         logits = out.logits[:, -(k + 1):].float()
         drafts_list = drafts.tolist()
         parents_list = parents.tolist() if parents is not None else None
-        if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all positions in one call
-            target_scores = process_scores(logits_processor, None, logits.flatten(0, 1)).view_as(logits)
-        else:  # position j scores the token after the row and the draft's tokens up to column j-1 (its root path);
-            # every row and position in one call, rows major, as logits.flatten(0, 1) orders them
-            target_scores = process_scores(
-                [row_procs[b] for b in active for _ in range(k + 1)],
+
+        def process(cols, scores: torch.Tensor) -> torch.Tensor:
+            """The call's processors on ``scores [n_rows x len(cols), V]`` (rows major): position j of a row scores
+            the token after the row and the draft's tokens up to column j - 1 (its root path)."""
+            if not reads_sequences(logits_processor):  # temperature, top-k, top-p...: all in one call
+                return process_scores(logits_processor, None, scores)
+            return process_scores(
+                [row_procs[b] for b in active for _ in cols],
                 [torch.cat([rows[b], rows[b].new_tensor(
                     _root_path(drafts_list[i], parents_list[i] if parents_list else None, j - 1))])
-                 for i, b in enumerate(active) for j in range(k + 1)],
-                logits.flatten(0, 1)).view_as(logits)
+                 for i, b in enumerate(active) for j in cols], scores)
+
         q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
-        path = columns = None
-        if parents is None:
-            if do_sample:
+        path = columns = target_scores = None
+        if parents is not None and do_sample and device.type in LAZY_DEVICES and scores_out is None:
+            # a tree on a CPU: a position is processed (the penalty, top-k, top-p's sort of the vocabulary) when the
+            # rejection walk first reads it, the root and each node it moves to: 2-5 of a 17-node tree's positions
+            num_accepted, path, next_token = speculative_sample_tree(
+                drafts, parents, q, lambda j: process(range(j, j + 1), logits[:, j]).softmax(dim=-1), generator,
+                num_drafted)
+        else:
+            target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
+            if parents is None and do_sample:
                 num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
                                                               num_drafted)
-            else:
+            elif parents is None:
                 num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
-        else:
-            if do_sample:
+            elif do_sample:
                 num_accepted, path, next_token = speculative_sample_tree(
                     drafts, parents, q, target_scores.softmax(dim=-1), generator, num_drafted)
             else:
                 num_accepted, path, next_token = greedy_accept_tree(drafts, parents, target_scores, num_drafted)
-            # the verified positions along the accepted path: the root (column 0), then each accepted node
+        if path is not None:  # a tree: the verified positions along the accepted path, the root (column 0) first
             columns = torch.cat([path.new_zeros(n_rows, 1), (path + 1).clamp(min=0)], dim=1)
         n_acc, nxt = num_accepted.tolist(), next_token.tolist()
         accepted_tokens = [drafts_list[i][: n_acc[i]] if path is None else
@@ -470,7 +479,8 @@ def _speculative_decode(
         emitted = [append_until_stop(b, accepted_tokens[i] + [nxt[i]]) for i, b in enumerate(active)]
         along = (lambda t: t) if columns is None else \
             (lambda t: t.gather(1, columns[:, :, None].expand(-1, -1, t.shape[-1])))
-        record(scores_out, along(target_scores), emitted)
+        if scores_out is not None:
+            record(scores_out, along(target_scores), emitted)
         record(logits_out, along(logits), emitted)
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         if path is None:

@@ -157,16 +157,17 @@ def _pvalue(tokens, probs):
 def wrong_sibling_rule(tokens, parents, draft_probs, target_probs, generator=None, num_nodes=None):
     """Tries each sibling against the target's full p, not what earlier rejections left of it (a plausible bug:
     the first token is then too likely to be one the draft proposes)."""
+    column = target_probs if callable(target_probs) else (lambda j: target_probs[:, j])  # the loop's, lazy on a CPU
     bsz, n = tokens.shape
     cur = torch.full((bsz,), -1, dtype=torch.long)
-    p = target_probs[:, 0].clone()
+    p = column(0).clone()
     for j in range(n):
         tried = parents[:, j] == cur
         x = tokens[:, j]
         q_x = torch.ones(bsz) if draft_probs is None else draft_probs[:, j].gather(1, x[:, None]).squeeze(1)
         accept = tried & (torch.rand(bsz) * q_x < p.gather(1, x[:, None]).squeeze(1))
         cur = torch.where(accept, j, cur)
-        p = torch.where(accept[:, None], target_probs[:, j + 1], p)
+        p = torch.where(accept[:, None], column(j + 1), p)
     nxt = torch.multinomial(p, 1).squeeze(1)
     depth = tree_depths(parents)
     num = torch.where(cur >= 0, depth.gather(1, cur.clamp(min=0)[:, None]).squeeze(1), 0)
@@ -212,6 +213,29 @@ def test_tree_sampling_on_a_chain_matches_the_chain_rule():
     keep = (a + b) > 10
     from scipy.stats import chi2_contingency
     assert chi2_contingency(torch.stack([a[keep], b[keep]]).numpy()).pvalue > ALPHA
+
+
+def test_tree_sampling_reads_positions_lazily_with_the_same_result():
+    """target_probs as a function of the position (the loop's form on a CPU): the same (accepted, path, next) as
+    the tensor under the same generator, on random trees, batches and filler; it is asked for the root and the
+    positions after the nodes some row's walk moved to (its accepted path), each once, and for nothing else."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(100):
+        bsz, n, V = 3, 6, 4
+        parents = torch.tensor([[int(torch.randint(-1, j, (1,), generator=g)) for j in range(n)] for _ in range(bsz)])
+        tokens = torch.randint(V, (bsz, n), generator=g)
+        probs = torch.distributions.Dirichlet(torch.full((V,), 0.5)).sample((bsz, n + 1))
+        q = torch.distributions.Dirichlet(torch.full((V,), 0.5)).sample((bsz, n)) if _ % 2 else None
+        num_nodes = torch.randint(n + 1, (bsz,), generator=g)
+        seed = int(torch.randint(1 << 30, (1,), generator=g))
+        eager = speculative_sample_tree(tokens, parents, q, probs, torch.Generator().manual_seed(seed), num_nodes)
+        asked = []
+        lazy = speculative_sample_tree(tokens, parents, q, lambda j: asked.append(j) or probs[:, j],
+                                       torch.Generator().manual_seed(seed), num_nodes)
+        assert [t.tolist() for t in lazy] == [t.tolist() for t in eager]
+        num, path = eager[0], eager[1]
+        walked = {0} | {int(path[b, i]) + 1 for b in range(bsz) for i in range(int(num[b]))}
+        assert asked[0] == 0 and len(asked) == len(set(asked)) and set(asked) == walked
 
 
 def test_tree_sampling_edge_cases():

@@ -277,6 +277,25 @@ def test_hybrid_merged_tree_is_exact_and_its_suffix_branch_is_taken(monkeypatch)
                                                                         alone.num_accepted_tokens)
 
 
+def test_sampled_tree_processes_positions_lazily_on_a_cpu_with_the_same_output(monkeypatch):
+    """On a CPU the loop processes a sampled tree's positions as the rejection walk reads them
+    (hf_spec.acceptance.LAZY_DEVICES); seeded, every sample equals the one of processing all positions at once
+    (the form on other devices), with a processor that reads the sequence (repetition penalty) and top-p, single
+    and in a left-padded batch."""
+    target, draft = noisy_pair()
+    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=True, temperature=0.8, top_k=6, top_p=0.9,
+                    repetition_penalty=1.2, custom_generate=hf_spec.generate, num_tree_nodes=6)
+    for inputs in INPUTS:
+        outs = []
+        for lazy in (("cpu",), ()):
+            monkeypatch.setattr(hf_spec.loop, "LAZY_DEVICES", lazy)
+            for seed in range(3):
+                torch.manual_seed(seed)
+                outs.append(target.generate(**inputs, drafter=hf_spec.DraftModelDrafter(draft, 3), **settings).tolist())
+        assert outs[:3] == outs[3:]
+        assert len({str(o) for o in outs[:3]}) > 1  # the seeds sample different texts
+
+
 class WrongForRowZero(ModelTreeDrafter):
     """The model's tree, with every token of batch row 0 (left-padded) replaced by another: row 1 (unpadded, its
     positions as long as its length) advances k + 1 tokens a step, row 0 one, so near max_length their budgets
