@@ -359,6 +359,8 @@ def speculative_sample_tree(
     device = tokens.device
     depth = tree_depths(parents, num_nodes)
     p = column(0).clone()  # what is left of the target's distribution at cur
+    if p.dim() != 2 or p.shape[0] != bsz:
+        raise ValueError(f"the target's distribution at the root has shape {tuple(p.shape)}, expected [{bsz}, V]")
     if draft_probs is not None:
         if draft_probs.shape != (bsz, n, p.shape[-1]):
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, p.shape[-1])}")

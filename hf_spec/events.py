@@ -37,7 +37,8 @@ class StepEvent:
         rows: the original batch index of each listed row (finished rows leave the batch, so after the
             first one ends the lists are shorter than the batch); ``None`` means ``0..len-1``.
         sources: per row, which source drafted it, for drafters with several (the hybrid drafter:
-            ``"suffix"``, ``"draft"``, ``"medusa"``); ``None`` otherwise.
+            ``"suffix"``, ``"draft"``, ``"medusa"``, and ``"draft+suffix"`` / ``"medusa+suffix"`` for a model tree
+            with the suffix proposal folded in); ``None`` otherwise.
         parents: for a draft tree, per row the parent of each node in ``drafted`` (``-1``: the root); the
             accepted nodes are then the ``num_accepted`` first tokens of ``emitted`` along one root path.
             ``None`` for chains.

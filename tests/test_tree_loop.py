@@ -275,6 +275,49 @@ def test_hybrid_merged_tree_is_exact_and_its_suffix_branch_is_taken(monkeypatch)
         assert "draft+suffix" not in sources
         assert merged.num_accepted_tokens > alone.num_accepted_tokens, (merged.num_accepted_tokens,
                                                                         alone.num_accepted_tokens)
+    # a batch whose rows take different sources in one step: merged model rows beside suffix-only rows
+    events = []
+    ref = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    drafter = RowParityHybrid(hf_spec.DraftModelDrafter(draft, 3),
+                                   hf_spec.SuffixDrafter(corpus=[row.tolist() for row in ref]))
+    out = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                          custom_generate=hf_spec.generate, drafter=drafter, num_tree_nodes=8,
+                          event_listeners=[events.append])
+    assert out.tolist() == ref.tolist()
+    assert any({"draft+suffix", "suffix"} <= set(e.sources) for e in events[1:] if e.sources), \
+        [e.sources for e in events[1:]]
+
+
+class RowParityHybrid(hf_spec.HybridDrafter):
+    """The hybrid drafter with its choice fixed by the row (it is asked row by row): the model in even rows (with
+    the suffix chain folded in where the match is long enough), the suffix proposal alone in odd rows."""
+
+    calls = 0
+
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+        self.calls += 1
+        return "suffix" if proposal_length and self.calls % 2 == 0 else "model"
+
+
+def test_hybrid_holds_back_no_nodes_for_a_model_whose_tree_nodes_are_sampled():
+    """A model drafter whose tree comes with scores (sampled nodes) gets nothing folded in; after its first such
+    tree the hybrid asks it for the whole num_tree_nodes again."""
+    target, draft = noisy_pair()
+    asked = []
+
+    class Recording(SampledModelTrees):
+        def draft_tree(self, sequences, k, num_nodes):
+            asked.append(num_nodes)
+            return super().draft_tree(sequences, k, num_nodes)
+
+    vocab = target.config.vocab_size  # after the prompt's last token (7) any first token starts a 2-token match
+    drafter = ModelFirstHybrid(Recording(draft, 2), hf_spec.SuffixDrafter(corpus=[[7, t, t, t] for t in range(vocab)]))
+    torch.manual_seed(0)
+    out = target.generate(**INPUTS[0], max_new_tokens=16, min_new_tokens=16, do_sample=True,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter,
+                          num_tree_nodes=6)
+    assert "draft+suffix" not in out.stats.per_source
+    assert len(asked) > 2 and asked[0] < 6 and set(asked[1:]) == {6}, asked
 
 
 def test_sampled_tree_processes_positions_lazily_on_a_cpu_with_the_same_output(monkeypatch):

@@ -169,7 +169,8 @@ class Drafter:
     #: True when :meth:`from_spec` takes ``corpus=`` (texts to draft from: ``--corpus FILE...``)
     takes_corpus: bool = False
     #: after :meth:`draft`, optionally: per row, the name of the source that drafted it (the hybrid drafter's
-    #: ``"suffix"`` or its model drafter's method); the loop copies it into ``StepEvent.sources``
+    #: ``"suffix"``, its model drafter's method, or that method + ``"+suffix"`` for a model tree with the suffix
+    #: proposal folded in); the loop copies it into ``StepEvent.sources``
     last_sources: list[str] | None = None
     #: True when :meth:`draft_tree` drafts trees (the loop calls it when a call sets ``num_tree_nodes``)
     drafts_trees: bool = False

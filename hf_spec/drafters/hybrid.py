@@ -43,11 +43,10 @@ draft). Each step's choice per row is in
 With ``num_tree_nodes`` in the call (:meth:`HybridDrafter.draft_tree`) each row drafts its chosen source's tree:
 the suffix drafter's speculation tree or the model drafter's. A row that chose the model and has a suffix match of
 :data:`MERGE_MIN_MATCH` tokens or more gets both in one tree: the suffix proposal is folded into the model's tree
-as a branch (:func:`merge_into_tree`; tokens the model drafted too are shared), in nodes the model's tree leaves
-free, so that the target takes whichever continues the text: the model's where the answer is new, the suffix
-proposal's where it copies, past where the model's chain stopped unsure (SuffixDecoding's hybrid picks one source
-per step; verifying both costs a few positions of one forward, nearly free where a verify of ~17 positions costs
-about a plain step).
+as a branch (:func:`merge_into_tree`; tokens the model drafted too are shared), in nodes taken from the model's
+tree (it drafts that many fewer, so the verify's positions stay within ``num_tree_nodes``), so that the target takes
+whichever continues the text: the model's where the answer is new, the suffix proposal's where it copies, past
+where the model's chain stopped unsure (SuffixDecoding's hybrid picks one source per step).
 
 Exact like every drafter: suffix rows are deterministic (one-hot q), model rows keep the distributions they
 were sampled from.
@@ -260,6 +259,7 @@ class HybridDrafter(Drafter):
         # (seconds, or None for a draft that caught up on a long stretch; k asked; levels drafted: a chain's tokens,
         # a tree's depth) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
+        self._model_tree_scores = False  # whether the model drafter's last tree came with scores (sampled nodes)
         # per row of the last draft: (source, match length, k asked)
         self._chosen: list[tuple[str, int, int]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
@@ -355,10 +355,11 @@ class HybridDrafter(Drafter):
         :meth:`~hf_spec.drafters.medusa.MedusaDrafter.draft_tree`). A model row with a suffix match of
         :data:`MERGE_MIN_MATCH` tokens or more also gets its suffix proposal (the chain it would draft, at most
         ``num_nodes // 2`` tokens) folded in (:func:`merge_into_tree`); the model then drafts that many nodes
-        fewer, so no row passes ``num_nodes``; its source reads ``"<model>+suffix"`` in :attr:`last_sources`, and
+        fewer (in a batch, the most any row folds in, for every model row: one call drafts every row's tree), so
+        no row passes ``num_nodes``; its source reads ``"<model>+suffix"`` in :attr:`last_sources`, and
         its acceptance counts as the model's (the merged tree is what a model row drafts). Only into trees whose
         nodes are deterministic (the model drafter returns no scores for them: a draft model's and Medusa's trees),
-        where one-hot q keeps sampling exact. A row's acceptance statistics count its tree's depth, not its nodes,
+        where one-hot q keeps sampling exact; after a model tree that came with scores, no nodes are held back. A row's acceptance statistics count its tree's depth, not its nodes,
         as drafted positions, and the model's drafting time is priced per level.
 
         Returns:
@@ -387,8 +388,10 @@ class HybridDrafter(Drafter):
                          for b, (seq, p, source) in enumerate(zip(sequences, proposals, sources))]
         n = len(sequences)
         # model rows with a suffix match long enough: their suffix chain joins the model's tree
+        # (not where the model drafter's trees came with scores last time: sampled nodes, nothing one-hot joins them)
         merge = ({b: p.tokens[:num_nodes // 2] for b, (p, s) in enumerate(zip(proposals, sources))
-                  if s == "model" and p.match_length >= MERGE_MIN_MATCH and p.tokens} if num_nodes > 1 else {})
+                  if s == "model" and p.match_length >= MERGE_MIN_MATCH and p.tokens}
+                 if num_nodes > 1 and not self._model_tree_scores else {})
         merge = {b: chain for b, chain in merge.items() if chain}
         model_tokens = model_scores = model_parents = None
         if "model" in sources:
@@ -410,6 +413,8 @@ class HybridDrafter(Drafter):
             # heads run once for every level)
             seconds = time.perf_counter() - t0 if catch_up_tokens <= k + 1 else None
             self._model_s = (self._model_s + [(seconds, k, levels)])[-9:]
+        if num_nodes and model_tokens is not None:
+            self._model_tree_scores = model_scores is not None
         if model_scores is not None:  # sampled nodes with their q: nothing one-hot joins them
             merge = {}
         merged = {}  # row -> (tokens, parents) of its model tree with its suffix chain folded in
