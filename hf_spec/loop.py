@@ -456,9 +456,11 @@ def _speculative_decode(
         if parents is not None and do_sample and device.type in LAZY_DEVICES and scores_out is None:
             # a tree on a CPU: a position is processed (the penalty, top-k, top-p's sort of the vocabulary) when the
             # rejection walk first reads it, the root and each node it moves to: 2-5 of a 17-node tree's positions
-            num_accepted, path, next_token = speculative_sample_tree(
-                drafts, parents, q, lambda j: process(range(j, j + 1), logits[:, j].contiguous()).softmax(dim=-1), generator,
-                num_drafted)
+            def target_probs_at(j: int) -> torch.Tensor:
+                return process(range(j, j + 1), logits[:, j].contiguous()).softmax(dim=-1)
+
+            num_accepted, path, next_token = speculative_sample_tree(drafts, parents, q, target_probs_at, generator,
+                                                                     num_drafted)
         else:
             target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
             if parents is None and do_sample:

@@ -509,7 +509,8 @@ def _medusa_tree(target, draft):
                                         (lambda target, draft: SuffixFirstHybrid(SampledModelTrees(draft, 2)), 6),
                                         (lambda target, draft: ModelFirstHybrid(
                                             hf_spec.DraftModelDrafter(draft, 2),
-                                            hf_spec.SuffixDrafter(corpus=[[7, t, (t + 1) % 10, (t + 3) % 10] for t in range(10)])), 6)],
+                                            hf_spec.SuffixDrafter(
+                                                corpus=[[7, t, (t + 1) % 10, (t + 3) % 10] for t in range(10)])), 6)],
                          ids=["sampled-model-tree", "medusa-top-k-tree", "draft-model-tree",
                               "hybrid-suffix-and-sampled-model-trees", "hybrid-merged-trees"])
 def test_tree_sampling_is_distribution_exact_and_a_wrong_rule_fails(pair, monkeypatch, make, nodes):  # noqa: F811

@@ -359,8 +359,9 @@ class HybridDrafter(Drafter):
         no row passes ``num_nodes``; its source reads ``"<model>+suffix"`` in :attr:`last_sources`, and
         its acceptance counts as the model's (the merged tree is what a model row drafts). Only into trees whose
         nodes are deterministic (the model drafter returns no scores for them: a draft model's and Medusa's trees),
-        where one-hot q keeps sampling exact; after a model tree that came with scores, no nodes are held back. A row's acceptance statistics count its tree's depth, not its nodes,
-        as drafted positions, and the model's drafting time is priced per level.
+        where one-hot q keeps sampling exact; after a model tree that came with scores, no nodes are held back. A
+        row's acceptance statistics count its tree's depth, not its nodes, as drafted positions, and the model's
+        drafting time is priced per level.
 
         Returns:
             ``(tokens [B, N], num_drafted [B], scores [B, N, V] or None, parents [B, N])``, ``N <= num_nodes``;
@@ -392,7 +393,6 @@ class HybridDrafter(Drafter):
         merge = ({b: p.tokens[:num_nodes // 2] for b, (p, s) in enumerate(zip(proposals, sources))
                   if s == "model" and p.match_length >= MERGE_MIN_MATCH and p.tokens}
                  if num_nodes > 1 and not self._model_tree_scores else {})
-        merge = {b: chain for b, chain in merge.items() if chain}
         model_tokens = model_scores = model_parents = None
         if "model" in sources:
             t0 = time.perf_counter()
