@@ -112,3 +112,47 @@ def test_linear_attention_with_a_window_is_not_taken_for_a_sliding_window():
     cfg = inkling.InklingTextConfig(num_hidden_layers=2, local_layer_ids=[0, 1])
     with pytest.raises(ValueError, match="layers of kind"):
         check_cache_layers(cfg, DynamicCache(config=cfg))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("window", [64, 4])
+def test_branches_grown_a_level_per_forward_see_their_ancestors_only(window, attn):
+    """RaggedCache.forward_branches (a draft model's EAGLE-2 levels) in a batch with a hole: each node's logits are
+    the model's over the row's sequence and the node's root path only, within the window counted in positions;
+    after keep_branch the kept path is the row's next tokens, and the next forward equals one over the whole
+    sequence from scratch."""
+    from hf_spec.ragged import RaggedCache
+
+    model = tiny_mistral(window, noise=0.05)
+    model.set_attn_implementation(attn)
+    seqs = [torch.tensor([0, 5, 9, 3, 7, 2, 6]), torch.tensor([0, 5, 9, 3, 8])]
+    ragged = RaggedCache(model.config, 2, "cpu")
+    ragged.forward(model, torch.tensor([[0, 5, 9, 3, 7, 2, 6], [0, 5, 9, 3, 8, 4, 4]]))
+    ragged.truncate(torch.tensor([7, 5]))  # row 1: two holes
+
+    def reference(path):
+        with torch.no_grad():
+            return [model(input_ids=torch.cat([s, torch.tensor(p, dtype=torch.long)])[None]).logits[0, -1]
+                    for s, p in zip(seqs, path)]
+
+    with torch.no_grad():
+        # level 1: two children of each row's last token; level 2: one child of the second, one of the first
+        one = ragged.forward_branches(model, torch.tensor([[11, 12], [13, 14]]), torch.ones(2, 2, dtype=torch.bool),
+                                      torch.zeros(2, 2, 0, dtype=torch.bool), torch.ones(2, 2, dtype=torch.long)).logits
+        sees = torch.tensor([[[False, True], [True, False]]] * 2)  # slot 0 under slot 1, slot 1 under slot 0
+        valid = torch.tensor([[True, True], [True, False]])  # row 1's second node is filler
+        two = ragged.forward_branches(model, torch.tensor([[21, 22], [23, 0]]), valid, sees,
+                                      torch.tensor([[2, 2], [2, 0]])).logits
+    for j, first in enumerate(([11, 13], [12, 14])):
+        for b, ref in enumerate(reference([[t] for t in first])):
+            torch.testing.assert_close(one[b, j], ref, atol=1e-4, rtol=1e-4)
+    for b, ref in enumerate(reference([[12, 21], [14, 23]])):
+        torch.testing.assert_close(two[b, 0], ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(two[0, 1], reference([[11, 22], [13]])[0], atol=1e-4, rtol=1e-4)
+    # row 0 keeps 12 -> 21 (slots 1, 2), row 1 keeps 13 only (slot 0)
+    ragged.keep_branch(torch.tensor([[1, 2], [0, 0]]), torch.tensor([2, 1]))
+    assert ragged.lengths.tolist() == [9, 6]
+    with torch.no_grad():
+        nxt = ragged.forward(model, torch.tensor([[9], [9]])).logits[:, -1]
+    for b, ref in enumerate(reference([[12, 21, 9], [13, 9]])):
+        torch.testing.assert_close(nxt[b], ref, atol=1e-4, rtol=1e-4)
