@@ -168,8 +168,6 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
-        self._branch_start: int | None = None  # the first slot of the branches grown since (forward_branches)
-        self._branch_positions: torch.Tensor | None = None  # [B, S]: the position of each branch slot
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
         self._packed: dict[int, bool] = {}  # block size -> packed attention (_packed_attention)
         if self.window is not None:
@@ -252,7 +250,6 @@ class RaggedCache:
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
         block_valid = block_valid.to(self.valid.device)
-        self._branch_start = self._branch_positions = None  # grown branches, if any, stay holes
         within = None
         if parents is None:
             offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
@@ -320,76 +317,6 @@ class RaggedCache:
         depth = sees.sum(dim=-1) - 1
         return depth, sees
 
-    def forward_branches(self, model, block: torch.LongTensor, block_valid: torch.Tensor, sees: torch.Tensor,
-                         depth: torch.Tensor):
-        """Run ``model`` over one level of a tree grown a level per forward (a draft model's EAGLE-2 expansion):
-        the level's nodes are appended as holes, seen by no later query unless it names them in ``sees``, and
-        each row's sequence is unchanged until :meth:`keep_branch` keeps one root path of them.
-
-        Args:
-            model: a ``transformers`` causal LM whose attention takes a custom 4D mask (``sdpa``, ``eager``).
-            block: ``LongTensor[B, n]``, the level's nodes (filler where ``block_valid`` is False).
-            block_valid: ``BoolTensor[B, n]``.
-            sees: ``BoolTensor[B, n, S]``, which of the S slots appended by earlier calls since the last
-                :meth:`keep_branch` (or since the sequence last changed) each node sees: its ancestors. Every node
-                also sees its row's sequence and itself.
-            depth: ``LongTensor[B, n]``, each node's depth (1: a child of the sequence's last token); its position
-                is the sequence's length + depth - 1.
-
-        Returns:
-            the model output (``logits [B, n, V]``).
-
-        Raises:
-            ValueError: the attention implementation takes no custom 4D mask.
-        """
-        _check_tree_attention(model)
-        total, n = self.valid.shape[1], block.shape[1]
-        if self._branch_start is None:
-            self._branch_start = total
-            self._branch_positions = torch.zeros(block.shape[0], 0, dtype=torch.long, device=self.valid.device)
-        start = self._branch_start
-        block_valid, sees, depth = (t.to(self.valid.device) for t in (block_valid, sees, depth))
-        if sees.shape != (block.shape[0], n, total - start):
-            raise ValueError(f"sees must be [B, n, S] = {[block.shape[0], n, total - start]}, got {list(sees.shape)}")
-        position_ids = self.lengths[:, None] + depth - 1
-        seen = torch.cat([self.valid[:, None, :start].expand(-1, n, -1), sees & block_valid[:, :, None],
-                          torch.zeros(block.shape[0], n, n, dtype=torch.bool, device=self.valid.device)], dim=2)
-        seen[:, :, :start] &= block_valid[:, :, None]  # a filler query sees only its own slot
-        self.valid = torch.cat([self.valid, torch.zeros_like(block_valid)], dim=1)
-        key_positions = None
-        if self.window is not None:
-            key_positions = torch.cat([self.valid[:, :start].to(torch.long).cumsum(dim=1) - 1,
-                                       self._branch_positions, position_ids], dim=1)
-        self._branch_positions = torch.cat([self._branch_positions, position_ids], dim=1)
-        mask = self._format_masks(model, seen, position_ids, key_positions)
-        with self._attention(self._packed_attention(model, n)):
-            return model(input_ids=block, attention_mask=mask, position_ids=position_ids.clamp(min=0), use_cache=True,
-                         logits_to_keep=n, **{cache_kwarg(model): self.cache})
-
-    def keep_branch(self, slots: torch.Tensor, num: torch.Tensor) -> None:
-        """After :meth:`forward_branches`: keep each row's root path ``slots[b, :num[b]]`` (``LongTensor[B, D]``,
-        slot indices counted from the first slot the branches took, depth 1 first) as the next tokens of its
-        sequence, moved right after it, and drop every other branch slot."""
-        start = self._branch_start
-        if start is None:
-            raise RuntimeError("keep_branch() follows forward_branches()")
-        width, depth = self.valid.shape[1] - start, slots.shape[1]
-        num = num.to(self.valid.device)
-        if depth and width:
-            index = torch.arange(width, device=self.valid.device).repeat(self.valid.shape[0], 1)
-            index[:, :depth] = slots.to(index.device).clamp(min=0, max=width - 1)
-            for layer in self.cache.layers:
-                for name in ("keys", "values"):
-                    t = getattr(layer, name)
-                    tail = t[:, :, start:].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
-                    t[:, :, start:] = tail
-        # the kept slots follow the sequence only where it had no holes after ``start`` (it has none: branches are
-        # grown right after a catch-up)
-        self.valid[:, start:] = torch.arange(width, device=self.valid.device)[None, :] < num[:, None]
-        self.lengths = self.lengths + num
-        self._branch_start = self._branch_positions = None
-        self.truncate(self.lengths)
-
     def keep_path(self, num_accepted: torch.Tensor, path: torch.Tensor) -> None:
         """After a tree's forward: keep the root and each row's accepted path (``num_accepted [B]``, ``path [B, D]``
         node indices from the root's child down, as :func:`~hf_spec.acceptance.greedy_accept_tree` returns them),
@@ -419,7 +346,6 @@ class RaggedCache:
             keep: ``LongTensor[B]``, at most ``lengths``.
         """
         keep = keep.to(self.lengths.device)
-        self._branch_start = self._branch_positions = None  # branch slots are holes: they go with the tail
         self.valid = self.valid & (self.valid.to(torch.long).cumsum(dim=1) <= keep[:, None])
         self.lengths = torch.minimum(self.lengths, keep)
         used = self.valid.any(dim=0).nonzero()
@@ -438,7 +364,4 @@ class RaggedCache:
         self.cache.batch_select_indices(rows)
         self.valid = self.valid[rows]
         self.lengths = self.lengths[rows]
-        if self._branch_positions is not None:  # grown branches stay for keep_branch (nothing cropped)
-            self._branch_positions = self._branch_positions[rows]
-        else:
-            self.truncate(self.lengths)  # crop slots that only the dropped rows used
+        self.truncate(self.lengths)  # crop slots that only the dropped rows used

@@ -673,51 +673,31 @@ def test_a_trees_system_efficiency_counts_its_depth_not_its_nodes():
     assert stats.system_efficiency == (3 + 2) / (3 + 4)
 
 
-def _eagle2_tree(draft, sequence, k, num_nodes, threshold) -> set[tuple[int, ...]]:
-    """The root paths of the tree DraftModelDrafter.draft_tree should draft for one row, rebuilt by its definition
-    from unpadded forwards without a cache: level by level, each expanded node's min(num_nodes, TREE_WIDTH)
-    likeliest children scored by cumulative log-probability; the TREE_EXPAND likeliest children that the draft
-    trusts (own probability >= threshold; where one does, also cumulative >= EXPAND_MIN_PROB) expanded next; the
-    num_nodes likeliest nodes of all kept."""
-    import math
+def _likeliest_nodes(draft, sequence, chain, num_nodes) -> set[tuple[int, int]]:
+    """``(depth, token)`` of the ``num_nodes`` likeliest candidates of a draft tree, recomputed from unpadded
+    forwards: at each depth d, the draft's min(num_nodes, TREE_WIDTH) likeliest tokens after the sequence and
+    chain[:d], scored by the cumulative log-probability of chain[:d] and the token (d = depth - 1)."""
+    from hf_spec.drafters.draft_model import TREE_WIDTH
 
-    from hf_spec.drafters.draft_model import EXPAND_MIN_PROB, TREE_EXPAND, TREE_WIDTH
-
-    made, frontier = [], [((), 0.0)]
-    stop = math.log(threshold) if threshold > 0 else -math.inf
+    candidates, before = [], 0.0
     with torch.no_grad():
-        for level in range(k):
-            children = []
-            for path, score in frontier:
-                ids = torch.cat([sequence, torch.tensor(path, dtype=torch.long)])[None]
-                logp = draft(input_ids=ids).logits[0, -1].float().log_softmax(-1)
-                top = logp.topk(min(num_nodes, TREE_WIDTH))
-                children += [(path + (int(t),), score + float(v), float(v)) for v, t in zip(top.values, top.indices)]
-            made += children
-            trusted = [c for c in children if c[2] >= stop]
-            trusted += [c for c in children if trusted and c[2] < stop and c[1] >= math.log(EXPAND_MIN_PROB)]
-            frontier = [(c[0], c[1]) for c in sorted(trusted, key=lambda c: -c[1])[:TREE_EXPAND]]
-            if not frontier:
-                break
-    return {c[0] for c in sorted(made, key=lambda c: -c[1])[:num_nodes]}
+        for d in range(len(chain)):
+            logp = draft(input_ids=torch.cat([sequence, chain[:d]])[None]).logits[0, -1].float().log_softmax(-1)
+            top = logp.topk(min(num_nodes, TREE_WIDTH))
+            candidates += [(before + float(v), d, int(t)) for v, t in zip(top.values, top.indices)]
+            before += float(logp[chain[d]])
+    return {(d, t) for _, d, t in sorted(candidates, reverse=True)[:num_nodes]}
 
 
-def _root_paths(tokens, parents) -> list[tuple[int, ...]]:
-    """Each node's tokens from the root's child down to it."""
-    paths = []
-    for j, p in enumerate(parents):
-        paths.append((paths[p] if p >= 0 else ()) + (tokens[j],))
-    return paths
-
-
-def test_draft_model_tree_grows_as_eagle2_and_its_cache_keeps_the_accepted_branch():
-    """DraftModelDrafter.draft_tree against its definition (EAGLE-2's expansion of the likeliest trusted nodes and
-    its rerank, rebuilt from unpadded forwards: _eagle2_tree), in a left-padded batch, with no stop and with a
-    stop at the mean of the draft's first-token probabilities (rows of one batch stop at different depths); the
-    likeliest path starts as the chain draft() drafts. Then the draft's cache: each row accepts the deepest
-    expanded node off the chain (a second guess the draft went on from) plus one more token, and the next draft,
-    which feeds the draft only that last token, equals a fresh drafter's that prefilled everything."""
+def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_stops():
+    """DraftModelDrafter.draft_tree: the nodes with children form one root path, the chain draft() drafts (the same
+    tokens, cut where the chain's confidence stop cuts each row); every other node is a leaf beside a chain node;
+    no node lies below the row's stop; without a stop, the nodes are the likeliest candidates (EAGLE-2's rerank,
+    each chain node offering up to TREE_WIDTH). Thresholds: none (the whole chain), and the mean of the draft's
+    first-token probabilities, so that rows of one batch stop at different depths."""
     from transformers import LogitsProcessorList
+
+    from hf_spec.acceptance import tree_depths
 
     target, draft = noisy_pair()
     inputs = INPUTS[1]
@@ -727,31 +707,33 @@ def test_draft_model_tree_grows_as_eagle2_and_its_cache_keeps_the_accepted_branc
     with torch.no_grad():
         first = draft(input_ids=ids, attention_mask=inputs["attention_mask"]).logits[:, -1].softmax(-1).max(-1).values
     k, nodes = 4, 10
-    branched = 0
     for threshold in (0.0, float(first.mean())):
         drafter = hf_spec.DraftModelDrafter(draft, k, confidence_threshold=threshold)
         chain, chain_len, _ = drafter.start(target, ids, config, LogitsProcessorList()).draft(sequences, k)
         session = drafter.start(target, ids, config, LogitsProcessorList())
         tokens, num_drafted, _, parents = session.draft_tree(sequences, k, nodes)
         assert tokens.shape[1] <= nodes
-        accepted = []
+        # the draft's cache holds what the drafter says it holds (the chain fed), and the next step reuses it: a
+        # draft after one more token is a fresh drafter's
+        assert [len(c) for c in session._cached] == session._ragged.lengths.tolist()
+        longer = [torch.cat([s, chain[b, :1]]) for b, s in enumerate(sequences)]
+        assert torch.equal(session.draft(longer, k)[0],
+                           drafter.start(target, ids, config, LogitsProcessorList()).draft(longer, k)[0])
         for b in range(2):
             n = int(num_drafted[b])
-            paths = _root_paths(tokens[b, :n].tolist(), parents[b, :n].tolist())
-            assert set(paths) == _eagle2_tree(draft, sequences[b], k, nodes, threshold)
-            chain_path = tuple(chain[b, :int(chain_len[b])].tolist())
-            assert max(paths, key=len)[:1] == chain_path[:1]
-            inner = [paths[p] for p in set(parents[b, :n].tolist()) if p >= 0]  # expanded: in the draft's cache
-            off_chain = [p for p in inner if p != chain_path[:len(p)]]
-            deepest = max(off_chain or inner or [()], key=len)
-            branched += bool(off_chain)
-            accepted.append(torch.cat([sequences[b], torch.tensor(deepest + (3,), dtype=torch.long)]))
-        fed = []
-        hook = draft.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
-        try:
-            again = session.draft(accepted, k)[0]
-        finally:
-            hook.remove()
-        assert fed[0] == 1  # the accepted branch was in the draft's cache: only the last token fed
-        assert torch.equal(again, drafter.start(target, ids, config, LogitsProcessorList()).draft(accepted, k)[0])
-    assert branched  # some accepted path went through an expanded node off the chain
+            tok, par = tokens[b, :n].tolist(), parents[b, :n].tolist()
+            inner = {p for p in par if p >= 0}
+            path, node = [], -1  # the chain: from the root, each time the first child made (the likeliest)
+            while kids := [j for j in range(n) if par[j] == node]:
+                path.append(kids[0])
+                node = kids[0]
+            assert set(inner) <= set(path)  # only chain nodes have children
+            assert [tok[j] for j in path] == chain[b, :len(path)].tolist()
+            assert len(path) <= int(chain_len[b])  # nothing below the chain's stop
+            assert n > len(path)  # siblings beside the chain
+            if threshold == 0:  # EAGLE-2's rerank: the `nodes` likeliest of the chain nodes' top-W candidates
+                depth = tree_depths(parents[b:b + 1, :n])[0].tolist()
+                assert _likeliest_nodes(draft, sequences[b], chain[b], nodes) == {
+                    (depth[j] - 1, tok[j]) for j in range(n)}
+        if threshold > 0:
+            assert len(set(chain_len.tolist())) > 1 or int(chain_len.max()) < k  # the stop cut some row

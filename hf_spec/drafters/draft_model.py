@@ -6,9 +6,9 @@ re-prefill). Tokens are chosen the way the target chooses them: argmax under gre
 from the draft's logits after the call's logits processors, whose distribution is returned as q for
 speculative sampling (Leviathan et al. 2023).
 
-With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`), grown as
-EAGLE-2 grows one: each level's likeliest trusted nodes expanded in one draft forward over a tree attention mask,
-all candidates reranked by cumulative probability; the draft's cache keeps the branch the target accepted.
+With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): the chain
+it would draft, each token with the draft's next likeliest tokens beside it, reranked by cumulative probability as
+EAGLE-2 reranks; the draft runs the chain's forwards only.
 """
 
 from __future__ import annotations
@@ -26,23 +26,14 @@ from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
 
 logger = logging.getLogger("hf_spec")
 
-__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "TREE_EXPAND", "EXPAND_MIN_PROB",
-           "DEFAULT_CONFIDENCE_THRESHOLD"]
+__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
 
 #: :class:`DraftModelDrafter`'s ``confidence_threshold`` when none is given: a row stops drafting after a token its
 #: draft gave under this probability (docs/benchmarks.md, "The draft model's confidence stop")
 DEFAULT_CONFIDENCE_THRESHOLD = 0.5
 
-#: the most nodes of one level of a draft tree that :meth:`DraftModelDrafter.draft_tree` expands (EAGLE-2's top-k
-#: expansion): one draft forward per level over this many positions
-TREE_EXPAND = 2
-
-#: a draft tree's node that the draft gave under ``confidence_threshold`` is still expanded where its cumulative
-#: probability is at least this and its level is expanded anyway (:meth:`DraftModelDrafter.draft_tree`)
-EXPAND_MIN_PROB = 0.1
-
-#: the most children an expanded node of a draft tree offers (:meth:`DraftModelDrafter.tree_width`): the draft's
-#: likeliest tokens after it; the rerank keeps the likeliest of all
+#: the most tokens a chain node of a draft tree branches into (:meth:`DraftModelDrafter.tree_width`): its chain
+#: child and the draft's next likeliest tokens; a CPU's verify grows soon with the tree's width
 TREE_WIDTH = 8
 
 
@@ -69,8 +60,8 @@ class DraftModelDrafter(Drafter):
             transformers' ``assistant_confidence_threshold`` (ConfidenceCriteria; dynamic speculation lookahead,
             Mamou et al. 2024). Default :data:`DEFAULT_CONFIDENCE_THRESHOLD`; 0 drafts k tokens every step.
             Exact either way: stopping depends only on the tokens drafted so far, so greedy output and the
-            sampled distribution are the target's. A tree (:meth:`draft_tree`) goes a level deeper only where
-            the chain's stop lets it, and there also expands likely second guesses.
+            sampled distribution are the target's. A tree (:meth:`draft_tree`) stops growing where its chain
+            would stop.
 
     Raises:
         ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; (from
@@ -109,8 +100,6 @@ class DraftModelDrafter(Drafter):
         self._same_tokenizer = tokenizer is not None and draft_tokenizer is not None
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
-        # the last tree's expanded nodes in the draft's cache, per branch slot: token, parent slot, real [B, S]
-        self._branches: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def stops_when_unsure(self) -> bool:  # the confidence stop: k is a cap
@@ -168,7 +157,6 @@ class DraftModelDrafter(Drafter):
         # the draft's own cache, rolled back to what it shares with the accepted sequence at every draft
         self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device)
         self._cached = [row[:0] for row in input_ids.to(self.device)]
-        self._branches = None
 
     @property
     def device(self) -> torch.device:
@@ -178,8 +166,6 @@ class DraftModelDrafter(Drafter):
         if self._ragged is not None:
             self._ragged.select(rows)
             self._cached = [self._cached[int(r)] for r in rows]
-            if self._branches is not None:
-                self._branches = tuple(t[rows.to(t.device)] for t in self._branches)
 
     def catch_up_cost(self, sequences) -> float:
         """The tokens the draft has not seen beyond the one every step feeds (B x the widest row: the block is
@@ -190,37 +176,12 @@ class DraftModelDrafter(Drafter):
         unseen = [len(s) - _common_prefix(c, s.to(self.device)) for c, s in zip(self._cached, sequences)]
         return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
 
-    def _keep_branch(self, seqs: list[torch.LongTensor]) -> None:
-        """After :meth:`draft_tree`: keep in the draft's cache, for each row, the root path of expanded nodes that
-        the row's sequence went on with (the target accepted it), as the next tokens of its sequence; the other
-        branches are dropped. The last token of each sequence is never kept, so the next forward has one to feed."""
-        token, parent, real = (t.tolist() for t in self._branches)
-        self._branches = None
-        paths = []
-        for b, seq in enumerate(seqs):
-            path, cached = [], self._cached[b]
-            if len(seq) > len(cached) and bool((seq[:len(cached)] == cached).all()):
-                tail, node = seq[len(cached):len(seq) - 1].tolist(), -1
-                for t in tail:
-                    node = next((j for j, (tj, pj, rj) in enumerate(zip(token[b], parent[b], real[b]))
-                                 if rj and pj == node and tj == t), None)
-                    if node is None:
-                        break
-                    path.append(node)
-            paths.append(path)
-        depth = max(map(len, paths))
-        slots = torch.tensor([p + [0] * (depth - len(p)) for p in paths], dtype=torch.long).reshape(len(seqs), depth)
-        self._ragged.keep_branch(slots, torch.tensor([len(p) for p in paths], dtype=torch.long))
-        self._cached = [torch.cat([c, s[len(c):len(c) + len(p)]]) for c, s, p in zip(self._cached, seqs, paths)]
-
     def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor]:
         """Feed the draft what it has not seen of each row (its cache rolled back to the longest prefix it shares
         with the row): ``(sequences on the draft's device, logits [B, V'] after each row's last token)``."""
         if self.generation_config is None:
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
-        if self._branches is not None:
-            self._keep_branch(seqs)
         # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
         keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
         self._ragged.truncate(torch.tensor(keep, dtype=torch.long))
@@ -286,41 +247,37 @@ class DraftModelDrafter(Drafter):
 
     @torch.no_grad()
     def draft_tree(self, sequences, k, num_nodes):
-        """A draft tree grown as EAGLE-2 grows one (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models
-        with Dynamic Draft Trees", section 4): level by level, each expanded node offers the draft's W likeliest
-        tokens after it as children, scored by cumulative probability (the product of the draft's probabilities
-        along the path); of a level's children the :data:`TREE_EXPAND` likeliest are expanded in turn, one draft
-        forward per level over all of them (a tree attention mask on the draft's cache,
-        :meth:`~hf_spec.ragged.RaggedCache.forward_branches`); then the ``num_nodes`` nodes of highest cumulative
-        probability are the tree (EAGLE-2's rerank, section 4.2; a node's probability is never above its parent's,
-        so every node's parent is in it). At most k levels.
+        """A draft tree: the draft's likeliest token after each of its own, up to k (the chain :meth:`draft` drafts
+        under greedy decoding), stopping where :meth:`draft` would stop, with the draft's next W - 1 likeliest
+        tokens beside each chain token as leaves; then the ``num_nodes`` nodes of highest cumulative probability
+        (the product of the draft's probabilities along their path) are the tree, as EAGLE-2 reranks its candidates (Li et al. 2024,
+        "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", section 4.2; a node's
+        probability is never above its parent's, so every node's parent is in it).
 
-        A child is expanded only where the draft trusts it: its own probability at least ``confidence_threshold``
-        (the chain's stop: the likeliest path is the chain :meth:`draft` drafts, cut where it cuts), or, in a
-        level where some child passes that test, its cumulative probability at least :data:`EXPAND_MIN_PROB` (a
-        second guess likely enough to be the target's rides along in a forward the draft runs anyway); with
-        ``confidence_threshold=0`` every child may be. So the draft runs a forward per level the stop lets it go
-        on, of up to :data:`TREE_EXPAND` positions (on the AMX Xeon of docs/benchmarks.md an int4 draft's forward
-        over 2 positions costs ~1.15 of one, over 4 ~1.4: hence 2, and no level for second guesses alone). A
-        row also stops at its ``max_length`` budget (:meth:`_budget`: no node deeper than the tokens the row may
-        still draft); drafting ends when no row has a node to expand. ``W = num_nodes`` within
-        ``1..TREE_WIDTH``. Probabilities are the draft's after the call's logits processors (temperature, top-k,
-        top-p, penalties, with each node's path as prefix); nodes with probability 0 are left out.
-
-        The draft's cache keeps every expanded node until the next call, which keeps the one root path the target
-        accepted as the next tokens of its sequence (no draft forward re-reads them).
+        This is EAGLE-2's expansion with one node expanded per level, and that node is the chain's: the draft
+        runs exactly the forwards of :meth:`draft` (one token each, on its own cache, which keeps them for the
+        next step as after a chain), and each level's W likeliest tokens come from the same logits. Where a verify
+        of a few more positions costs about what one of the chain's does (up to ~7 positions in bfloat16 on the
+        2-core CPU of docs/benchmarks.md, issue 22), the siblings are nearly free, and the target takes one
+        wherever it rejects the chain's token for the draft's second or third guess. Expanding W nodes per level,
+        as EAGLE-2 does, made every level's draft forward and the verify dearer there than what it gained; even
+        2 nodes per level, over a tree mask on the draft's cache, gained less than a 2-position forward of an
+        int4 draft costs on a CPU with AMX (docs/benchmarks.md, "EAGLE-2's expansion for draft-model trees"). ``W =
+        num_nodes`` within ``1..TREE_WIDTH``; the rerank puts the siblings where the draft is unsure. A
+        row stops growing after a chain token the draft gave under ``confidence_threshold`` (the chain's stop;
+        its later nodes are left out) or at its ``max_length`` budget (:meth:`_budget`: no node deeper than the
+        tokens the row may still draft), and drafting ends when every row has stopped. Probabilities are the draft's
+        after the call's logits processors (temperature, top-k, top-p, penalties, with the chain so far as
+        prefix); nodes with probability 0 are left out.
 
         The nodes are deterministic given the text (the most likely tokens, never sampled), so under sampling q is
         one-hot and recursive rejection sampling keeps the target's distribution
-        (:func:`~hf_spec.acceptance.speculative_sample_tree`).
+        (:func:`~hf_spec.acceptance.speculative_sample_tree`); a row's sibling tokens then cover the draft's most
+        likely continuations.
 
         Returns:
             ``(tokens [B, N], num_drafted [B], None, parents [B, N])``, ``N <= num_nodes``, nodes in the order
             they were made (a parent before its children); row b's nodes from ``num_drafted[b]`` on are filler.
-
-        Raises:
-            ValueError: a draft model whose attention implementation takes no custom 4D mask (load it with
-                ``attn_implementation="sdpa"``, or draft chains).
         """
         seqs, logits = self._catch_up(sequences)
         bsz, device = len(seqs), self.device
@@ -329,70 +286,40 @@ class DraftModelDrafter(Drafter):
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
         stop = math.log(self.confidence_threshold) if self.confidence_threshold > 0 else -math.inf
         budget = self._budget(seqs, k)
-        rows = torch.arange(bsz, device=device)
-        # the frontier: the nodes expanded at the last level (the root at first), [B, F]
-        front_score = torch.zeros(bsz, 1, device=device)  # cumulative log-probability
-        front_node = torch.full((bsz, 1), -1, dtype=torch.long, device=device)  # node index (-1: the root)
-        front_slot = torch.full((bsz, 1), -1, dtype=torch.long, device=device)  # branch slot in the draft's cache
-        front_paths = [[s] for s in seqs] if reads else None  # each frontier node's prefix, for the processors
-        sees = torch.zeros(bsz, 1, 0, dtype=torch.bool, device=device)  # each frontier node's ancestors' slots
-        tokens, scores, parents = [], [], []
-        slot_token, slot_parent, slot_real = [], [], []  # per branch slot: token, parent slot (-1: root), real
-        logits = logits[:, None]  # [B, F, V]
+        running = budget > 0  # rows whose chain the draft did not doubt, and that may still draft (see _budget)
+        fed_count = torch.zeros(bsz, dtype=torch.long, device=device)
+        chain_score = torch.zeros(bsz, device=device)  # the chain node's cumulative log-probability
+        prefixes, fed, tokens, scores = seqs, [], [], []
         for level in range(k):
-            num_front = front_node.shape[1]
-            flat = _pad_or_cut(logits.reshape(bsz * num_front, -1), self._target_vocab).float()
+            logits = _pad_or_cut(logits, self._target_vocab).float()
             if len(self.logits_processor):
-                flat = process_scores([p for p in procs for _ in range(num_front)],
-                                      [x for paths in front_paths for x in paths] if reads else None, flat)
-            top, child = flat.topk(width, dim=-1)  # [B x F, W], each node's likeliest first
-            top = top - flat.logsumexp(dim=-1, keepdim=True)  # log-probabilities, no [B, V] log-softmax
-            top, child = top.view(bsz, num_front * width), child.view(bsz, num_front * width)
-            child_score = front_score.repeat_interleave(width, dim=1) + top
-            # filler: a row's nodes past its budget (see _budget), and rows whose processed logits were all -inf
-            child_score = child_score.masked_fill(child_score.isnan() | (budget <= level)[:, None], -math.inf)
-            offset = sum(t.shape[1] for t in tokens)
-            tokens.append(child)
+                logits = process_scores(procs, prefixes if reads else None, logits)
+            top, child_token = logits.topk(width, dim=-1)  # [B, W]: the chain's token first
+            top = top - logits.logsumexp(dim=-1, keepdim=True)  # their log-probabilities, no [B, V] log-softmax
+            # a stopped row's further nodes are filler (probability 0), as a chain's tokens past its stop
+            child_score = torch.where(running[:, None], chain_score[:, None] + top, -math.inf)
+            running &= top[:, 0] >= stop  # the chain's own stop: a token the draft gave under the threshold
+            chain_score = child_score[:, 0]
+            tokens.append(child_token)
             scores.append(child_score)
-            parents.append(front_node.repeat_interleave(width, dim=1))
-            if level == k - 1:
+            running &= budget > level + 1  # deeper nodes would sit past max_length (see _budget)
+            if level == k - 1 or not bool(running.any()):
                 break
-            # the next frontier: the TREE_EXPAND likeliest children the draft trusts, where the row may go deeper
-            # the chain's rule goes on (a child the draft gave at least confidence_threshold); where it does, likely
-            # second guesses ride along in the same forward
-            deeper = torch.isfinite(child_score) & (budget > level + 1)[:, None]
-            trusted = (top >= stop) & deeper
-            trusted |= (child_score >= math.log(EXPAND_MIN_PROB)) & deeper & trusted.any(dim=1, keepdim=True)
-            ranked = child_score.masked_fill(~trusted, -math.inf)
-            num_next = min(TREE_EXPAND, ranked.shape[1])
-            best, pick = ranked.topk(num_next, dim=1)  # [B, F']
-            real = torch.isfinite(best)
-            if not bool(real.any()):
-                break
-            parent_of = pick // width  # the frontier entry each picked child hangs from
-            block = child.gather(1, pick)
-            # each new node sees its parent's ancestors and its parent's slot (the root's is in the sequence)
-            new_sees = sees[rows[:, None], parent_of]  # [B, F', S]
-            parent_slot = front_slot.gather(1, parent_of)
-            first = sees.shape[2]
-            slot_range = torch.arange(first, device=device)
-            new_sees = new_sees | (slot_range[None, None, :] == parent_slot[:, :, None])
-            depth = torch.where(real, new_sees.sum(dim=-1) + 1, 0)  # filler at the last token's position
-            logits = self._ragged.forward_branches(self.draft_model, block, real, new_sees, depth).logits
-            slot_token.append(block)
-            slot_parent.append(torch.where(real, parent_slot, -2))
-            slot_real.append(real)
-            front_slot = first + torch.arange(num_next, device=device).expand(bsz, -1)
-            sees = torch.cat([new_sees, torch.zeros(bsz, num_next, num_next, dtype=torch.bool, device=device)], dim=2)
-            front_score = best
-            front_node = offset + pick
+            chain_token = child_token[:, 0]
             if reads:
-                front_paths = [[torch.cat([front_paths[b][int(f)], block[b, j:j + 1]])
-                                for j, f in enumerate(parent_of[b].tolist())] for b in range(bsz)]
-        # what the draft's cache now holds: each sequence, and the expanded nodes as branches (see _catch_up)
-        self._branches = ((torch.cat(slot_token, dim=1), torch.cat(slot_parent, dim=1), torch.cat(slot_real, dim=1))
-                          if slot_token else None)
-        token, score, parent = torch.cat(tokens, dim=1), torch.cat(scores, dim=1), torch.cat(parents, dim=1)
+                prefixes = [torch.cat([p, t[None]]) for p, t in zip(prefixes, chain_token)]
+            fed.append(chain_token)
+            valid = None if bool(running.all()) else running[:, None]  # a stopped row's token is a hole
+            logits = self._ragged.forward(self.draft_model, chain_token[:, None], valid).logits[:, -1]
+            fed_count += running
+        # what the draft's cache now holds: each sequence and the chain tokens fed after it
+        self._cached = ([torch.cat([s, t[:n]]) for s, t, n in zip(seqs, torch.stack(fed, dim=1), fed_count.tolist())]
+                        if fed else seqs)
+        token, score = torch.cat(tokens, dim=1), torch.cat(scores, dim=1)  # [B, levels x W], level by level
+        score = score.masked_fill(score.isnan(), -math.inf)  # a row whose processed logits were all -inf: filler
+        # level 0's nodes hang from the root, level l's from level l - 1's chain node (its first)
+        parent = torch.tensor([-1] * width + [(level - 1) * width for level in range(1, len(tokens))
+                                              for _ in range(width)], device=device).expand(bsz, -1)
         # the tree: the num_nodes most likely nodes (ties: the earlier made, so a parent before its child), in the
         # order they were made, nodes of probability 0 last (filler)
         n = min(num_nodes, token.shape[1])
@@ -418,10 +345,10 @@ class DraftModelDrafter(Drafter):
 
     @staticmethod
     def tree_width(num_nodes: int) -> int:
-        """W, the children each expanded node of :meth:`draft_tree` offers: ``num_nodes`` within
-        ``1..TREE_WIDTH``, whatever k, so that the rerank can put all of a tree's nodes under one node where the
-        draft doubts only that one (an earlier ``ceil(num_nodes / k)`` made every tree of ``num_nodes <= k`` a
-        chain, and spread the others evenly over the levels)."""
+        """W, the tokens each chain node of :meth:`draft_tree` branches into (its chain child and W - 1 leaves):
+        ``num_nodes`` within ``1..TREE_WIDTH``, whatever k, so that the rerank can put all of a tree's nodes beside
+        one chain token where the draft doubts only that one (an earlier ``ceil(num_nodes / k)`` made every tree
+        of ``num_nodes <= k`` a chain, and spread the others evenly over the levels)."""
         return max(1, min(TREE_WIDTH, num_nodes))
 
 
