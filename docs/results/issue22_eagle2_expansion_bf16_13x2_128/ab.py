@@ -21,7 +21,7 @@ for q in load_questions(per_category=2):
         r[expand] = dict(tps=n / dt, mal=stats.mean_accepted_length, n=n)
     rows.append(r)
     print(r["cat"], f"{r[1]['tps']:.2f} {r[2]['tps']:.2f} ratio {r[2]['tps'] / r[1]['tps']:.3f} mal {r[1]['mal']:.2f} {r[2]['mal']:.2f}", flush=True)
-json.dump(rows, open("/work/runs/ab.json", "w"))
+json.dump(rows, open("ab.json", "w"))
 ratios = [r[2]["tps"] / r[1]["tps"] for r in rows]
 print("median ratio", statistics.median(ratios), "faster on", sum(x > 1 for x in ratios), "of", len(ratios))
 print("total tps", sum(r[1]["n"] for r in rows) / sum(r[1]["n"] / r[1]["tps"] for r in rows), sum(r[2]["n"] for r in rows) / sum(r[2]["n"] / r[2]["tps"] for r in rows))

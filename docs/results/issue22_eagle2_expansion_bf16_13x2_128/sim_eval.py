@@ -1,5 +1,5 @@
 import json, statistics
-data = json.load(open("/work/runs/sim_tree.json"))
+data = json.load(open("sim_tree.json"))
 def walk(r, t, k, accept_lt, cont_lt):
     d = 0
     while d < k and t + d < len(r):

@@ -29,4 +29,4 @@ for q in qs:
     out.append(dict(cat=q.category, new=seq[L:].tolist(), argmax=a.tolist(), rank=rank.tolist(),
                     top_lp=top.values.tolist(), a_lp=dlp.gather(1, a[:, None])[:, 0].tolist()))
     print(q.category, len(out[-1]["new"]), f"{time.time()-t0:.0f}s", sum(x == y for x, y in zip(out[-1]["new"], out[-1]["argmax"])), flush=True)
-json.dump(out, open("/work/runs/sim_tree.json", "w"))
+json.dump(out, open("sim_tree.json", "w"))
