@@ -1,4 +1,4 @@
-"""Interleaved A/B: draft-model 16-node trees with TREE_EXPAND = 1 (the chain with siblings) and 2, per prompt."""
+"""Run at commit f0c58ce (TREE_EXPAND exists there only). Interleaved A/B: draft-model 16-node trees with TREE_EXPAND = 1 (the chain with siblings) and 2, per prompt."""
 import time, torch, hf_spec, json, statistics
 from hf_spec.prompts import load_questions, chat_inputs
 from hf_spec.drafters.draft_model import load_draft_model, DraftModelDrafter
