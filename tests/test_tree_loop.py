@@ -279,7 +279,7 @@ def test_hybrid_merged_tree_is_exact_and_its_suffix_branch_is_taken(monkeypatch)
     events = []
     ref = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False)
     drafter = RowParityHybrid(hf_spec.DraftModelDrafter(draft, 3),
-                                   hf_spec.SuffixDrafter(corpus=[row.tolist() for row in ref]))
+                              hf_spec.SuffixDrafter(corpus=[row.tolist() for row in ref]))
     out = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False,
                           custom_generate=hf_spec.generate, drafter=drafter, num_tree_nodes=8,
                           event_listeners=[events.append])
