@@ -35,7 +35,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["greedy_accept", "speculative_sample", "greedy_accept_tree", "speculative_sample_tree", "tree_depths"]
+__all__ = ["greedy_accept", "speculative_sample", "greedy_accept_tree", "speculative_sample_tree", "tree_depths",
+           "chain_parents"]
 
 
 def greedy_accept(
@@ -127,42 +128,37 @@ def speculative_sample(
     rejects. A residual that is zero everywhere (p equal to q up to rounding, so a rejection had
     probability ~0) falls back to sampling from p, which is then the same distribution.
 
+    This is :func:`speculative_sample_tree` on the chain (:func:`chain_parents`): with one child per node,
+    SpecInfer's walk is Algorithm 1, so chains and trees share one implementation of the rule.
+
     Raises:
         ValueError: the shapes do not agree.
     """
     _check_shapes(draft_tokens, target_probs)
     bsz, k = draft_tokens.shape
-    device = target_probs.device
-    target_probs = target_probs.float()
-    p_x = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, k]
-    if draft_probs is None:
-        q_x = torch.ones_like(p_x)
-    else:
-        if draft_probs.shape != (bsz, k, target_probs.shape[-1]):
-            raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, k, target_probs.shape[-1])}")
-        draft_probs = draft_probs.float()
-        q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
-    u = torch.rand((bsz, k), device=device, generator=generator)
-    accepted = (u * q_x < p_x) & _real(draft_tokens, num_drafted)  # u < p/q: q=0, p>0 accepts; p=0 rejects
-    num_accepted = accepted.to(torch.long).cumprod(dim=-1).sum(dim=-1)  # [B]
-
-    rows = torch.arange(bsz, device=device)
-    p_next = target_probs[rows, num_accepted]  # [B, V]: p at the first rejected position, or the bonus p
-    drafted = torch.full_like(num_accepted, k) if num_drafted is None else num_drafted.to(device)
-    rejected = num_accepted < drafted  # a real draft token was rejected (not: the row's draft ran out)
-    if k > 0 and bool(rejected.any()):
-        pos = num_accepted.clamp(max=k - 1)
-        if draft_probs is None:
-            q_next = torch.zeros_like(p_next)
-            q_next[rows, draft_tokens[rows, pos]] = 1.0
-        else:
-            q_next = draft_probs[rows, pos]
-        residual = (p_next - q_next).clamp(min=0.0)
-        mass = residual.sum(dim=-1, keepdim=True)
-        residual = torch.where(mass > 0, residual, p_next)
-        p_next = torch.where(rejected[:, None], residual, p_next)
-    next_token = torch.multinomial(p_next / p_next.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
+    if draft_probs is not None and draft_probs.shape != (bsz, k, target_probs.shape[-1]):
+        raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, k, target_probs.shape[-1])}")
+    num_accepted, _, next_token = speculative_sample_tree(
+        draft_tokens, chain_parents(bsz, k, draft_tokens.device), draft_probs, target_probs, generator, num_drafted)
     return num_accepted, next_token
+
+
+def chain_parents(bsz: int, k: int, device=None) -> torch.Tensor:
+    """``LongTensor[B, k]``: a chain of k nodes as a tree (node j's parent is node j - 1; node 0's is the root, -1)."""
+    return torch.arange(-1, k - 1, device=device).expand(bsz, k)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """What is left of ``p [B, V]`` after drafted tokens ``x [B]`` drawn from ``q [B, V]`` (``None``: one-hot at x)
+    were rejected: ``normalize(max(p - q, 0))``; ``p`` itself where that is zero everywhere (p equal to q up to
+    rounding, so a rejection had probability ~0 and p is then the same distribution)."""
+    if q is None:
+        residual = p.clone()
+        residual[torch.arange(p.shape[0], device=p.device), x] = 0.0
+    else:
+        residual = (p - q).clamp(min=0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
 
 
 def _real(draft_tokens: torch.Tensor, num_drafted: torch.Tensor | None) -> torch.Tensor:
@@ -366,7 +362,6 @@ def speculative_sample_tree(
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, p.shape[-1])}")
         draft_probs = draft_probs.float()
     real = _real(tokens, num_nodes)
-    rows = torch.arange(bsz, device=device)
     u = torch.rand((bsz, n), device=device, generator=generator)
     cur = torch.full((bsz,), -1, dtype=torch.long, device=device)  # the node the walk is at (-1: the root)
     # one pass in node order walks every row's tree: a node's children come after it, and once the walk moves
@@ -381,14 +376,7 @@ def speculative_sample_tree(
         accept = tried & (u[:, j] * q_x < p_x)
         reject = tried & ~accept
         if bool(reject.any()):
-            if draft_probs is None:
-                residual = p.clone()
-                residual[rows, x] = 0.0
-            else:
-                residual = (p - draft_probs[:, j]).clamp(min=0.0)
-            mass = residual.sum(dim=-1, keepdim=True)
-            residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
-            p = torch.where(reject[:, None], residual, p)
+            p = torch.where(reject[:, None], _residual(p, None if draft_probs is None else draft_probs[:, j], x), p)
         if bool(accept.any()):
             cur = torch.where(accept, j, cur)
             p = torch.where(accept[:, None], column(j + 1), p)

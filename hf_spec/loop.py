@@ -26,7 +26,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import (LAZY_DEVICES, greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree,
+from .acceptance import (LAZY_DEVICES, chain_parents, greedy_accept, greedy_accept_tree, speculative_sample_tree,
                          tree_depths)
 from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
@@ -453,24 +453,24 @@ def _speculative_decode(
 
         q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
         path = columns = target_scores = None
-        if parents is not None and do_sample and device.type in LAZY_DEVICES and scores_out is None:
-            # a tree on a CPU: a position is processed (the penalty, top-k, top-p's sort of the vocabulary) when the
-            # rejection walk first reads it, the root and each node it moves to: 2-5 of a 17-node tree's positions
-            def target_probs_at(j: int) -> torch.Tensor:
-                return process(range(j, j + 1), logits[:, j].contiguous()).softmax(dim=-1)
-
-            num_accepted, path, next_token = speculative_sample_tree(drafts, parents, q, target_probs_at, generator,
-                                                                     num_drafted)
+        if do_sample:  # one rule for chains and trees (a chain is the tree with one child per node)
+            if device.type in LAZY_DEVICES and scores_out is None:
+                # on a CPU a position is processed (the penalty, top-k, top-p's sort of the vocabulary) when the
+                # rejection walk first reads it: the root and each node it moves to, not the positions after a rejection
+                def target_probs(j: int) -> torch.Tensor:
+                    return process(range(j, j + 1), logits[:, j].contiguous()).softmax(dim=-1)
+            else:
+                target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
+                target_probs = target_scores.softmax(dim=-1)
+            num_accepted, path, next_token = speculative_sample_tree(
+                drafts, chain_parents(n_rows, k, device) if parents is None else parents, q, target_probs, generator,
+                num_drafted)
+            if parents is None:
+                path = None
         else:
             target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
-            if parents is None and do_sample:
-                num_accepted, next_token = speculative_sample(drafts, q, target_scores.softmax(dim=-1), generator,
-                                                              num_drafted)
-            elif parents is None:
+            if parents is None:
                 num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
-            elif do_sample:
-                num_accepted, path, next_token = speculative_sample_tree(
-                    drafts, parents, q, target_scores.softmax(dim=-1), generator, num_drafted)
             else:
                 num_accepted, path, next_token = greedy_accept_tree(drafts, parents, target_scores, num_drafted)
         if path is not None:  # a tree: the verified positions along the accepted path, the root (column 0) first

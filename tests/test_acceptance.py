@@ -85,6 +85,12 @@ def wrong_residual_rule(draft, q, p, generator=None, num_drafted=None):
     return n, nxt
 
 
+def wrong_residual(p, q, x):
+    """The same wrong rule as the loop's residual (``hf_spec.acceptance._residual``, which chains and trees share):
+    after a rejection the next token is drawn from p, not from normalize(max(p - q, 0))."""
+    return p
+
+
 def wrong_ratio_rule(draft, q, p, generator=None):
     """Accept every drafted token whose target probability is above 1/V (a plausible-looking bug)."""
     k = draft.shape[1]

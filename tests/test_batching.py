@@ -13,12 +13,12 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_spec
-import hf_spec.loop
+import hf_spec.acceptance
 from hf_spec.kernels import quantize_draft_int4, quantize_draft_int8
 from hf_spec.ragged import RaggedCache
 
 from .conftest import tiny_llama, tiny_pair
-from .test_acceptance import wrong_residual_rule
+from .test_acceptance import wrong_residual
 from .test_sampling_exact import pvalue
 
 ALPHA = 1e-3
@@ -168,7 +168,7 @@ def test_batched_sampling_is_distribution_exact_per_row(pair, drafter_name):
 
 def test_batched_sampling_test_fails_for_a_wrong_rule(pair, monkeypatch):
     target, draft = pair
-    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
     counts = batched_counts(target, hf_spec.DraftModelDrafter(draft, 2), seed=8)
     assert min(pvalue(counts[b], exact_distribution(target, p)) for b, p in enumerate(PROMPTS)) < ALPHA
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import hf_spec
-import hf_spec.loop
+import hf_spec.acceptance
 
 from . import conformance as C
-from .test_acceptance import wrong_residual_rule
+from .test_acceptance import wrong_residual
 from .test_sampling_exact import ALPHA, pvalue
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "conformance.md"
@@ -72,7 +72,7 @@ def test_the_sampling_test_fails_for_a_wrong_rule(monkeypatch):
     arch = SAMPLING_SUBSET[0]
     target, draft = C.build(arch), C.build(arch, noise=0.05)
     exact = C.exact_distribution(target)
-    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
     counts = C.sampled_counts(target, C.make_drafter("draft model", target, draft, 2), SAMPLING_RUNS, seed=1)
     assert pvalue(counts, exact) < ALPHA
 

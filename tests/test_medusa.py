@@ -237,14 +237,14 @@ def test_medusa_sampling_is_distribution_exact(sampling_pair):
 def test_medusa_sampling_test_has_power(sampling_pair, monkeypatch):
     """The same test rejects a wrong acceptance rule with Medusa drafts, and the heads disagree with the
     target (so drafts are really rejected)."""
-    import hf_spec.loop
+    import hf_spec.acceptance
 
-    from .test_acceptance import wrong_residual_rule
+    from .test_acceptance import wrong_residual
 
     target, heads = sampling_pair
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
-    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
     counts = sample_counts(target, None, procs, seed=22, drafter=MedusaDrafter(heads, 2))
     assert pvalue(counts, exact) < ALPHA
 

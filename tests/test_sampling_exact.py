@@ -11,10 +11,11 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import hf_spec
+import hf_spec.acceptance
 import hf_spec.loop
 
 from .conftest import tiny_llama
-from .test_acceptance import wrong_residual_rule
+from .test_acceptance import wrong_residual
 
 ALPHA = 1e-3  # false-alarm rate of each test
 N_RUNS = 1500
@@ -110,7 +111,7 @@ def test_the_end_to_end_test_fails_for_a_wrong_rule(pair, monkeypatch):
     target, draft = pair
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
-    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
     counts = sample_counts(target, draft, procs, seed=3)
     assert pvalue(counts, exact) < ALPHA
 
@@ -170,7 +171,7 @@ def test_the_hybrid_test_fails_for_a_wrong_rule(pair, monkeypatch):
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
     drafter = corpus_drafters(target, draft, procs)["hybrid"]
-    monkeypatch.setattr(hf_spec.loop, "speculative_sample", wrong_residual_rule)
+    monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
     counts = sample_counts(target, draft, procs, seed=3, drafter=drafter)
     assert pvalue(counts, exact) < ALPHA
 

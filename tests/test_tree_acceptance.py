@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from hf_spec import acceptance
 from hf_spec.acceptance import (greedy_accept, greedy_accept_tree, speculative_sample, speculative_sample_tree,
                                 tree_depths)
 
@@ -49,8 +50,6 @@ def test_greedy_rules_match_a_reference_on_random_trees_with_tied_scores(monkeyp
     """Both greedy rules read the target's argmax only where their walk gets to on a CPU, all at once elsewhere;
     against a reference that takes every position's argmax at once (ties: the first maximum) and checks each node's
     whole root path."""
-    from hf_spec import acceptance
-
     monkeypatch.setattr(acceptance._Argmax, "lazy_devices", ("cpu",) if lazy else ())
     g = torch.Generator().manual_seed(1)
     for _ in range(300):
@@ -170,14 +169,7 @@ def wrong_sibling_rule(tokens, parents, draft_probs, target_probs, generator=Non
         p = torch.where(accept[:, None], column(j + 1), p)
     nxt = torch.multinomial(p, 1).squeeze(1)
     depth = tree_depths(parents)
-    num = torch.where(cur >= 0, depth.gather(1, cur.clamp(min=0)[:, None]).squeeze(1), 0)
-    path = torch.full((bsz, int(depth.max())), -1, dtype=torch.long)
-    for b in range(bsz):
-        node = int(cur[b])
-        while node >= 0:
-            path[b, depth[b, node] - 1] = node
-            node = int(parents[b, node])
-    return num, path, nxt
+    return acceptance._depth_of(depth, cur), acceptance._path(parents, cur, depth), nxt
 
 
 @pytest.mark.parametrize("shape,mode", [("chain", "sampled"), ("wide", "sampled"), ("branchy", "sampled"),

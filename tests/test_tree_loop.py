@@ -320,14 +320,15 @@ def test_hybrid_holds_back_no_nodes_for_a_model_whose_tree_nodes_are_sampled():
     assert len(asked) > 2 and asked[0] < 6 and set(asked[1:]) == {6}, asked
 
 
-def test_sampled_tree_processes_positions_lazily_on_a_cpu_with_the_same_output(monkeypatch):
-    """On a CPU the loop processes a sampled tree's positions as the rejection walk reads them
+@pytest.mark.parametrize("nodes", [6, 0], ids=["tree", "chain"])
+def test_sampled_drafts_process_positions_lazily_on_a_cpu_with_the_same_output(monkeypatch, nodes):
+    """On a CPU the loop processes a sampled tree's or chain's positions as the rejection walk reads them
     (hf_spec.acceptance.LAZY_DEVICES); seeded, every sample equals the one of processing all positions at once
     (the form on other devices), with a processor that reads the sequence (repetition penalty) and top-p, single
     and in a left-padded batch."""
     target, draft = noisy_pair()
     settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=True, temperature=0.8, top_k=6, top_p=0.9,
-                    repetition_penalty=1.2, custom_generate=hf_spec.generate, num_tree_nodes=6)
+                    repetition_penalty=1.2, custom_generate=hf_spec.generate, num_tree_nodes=nodes)
     for inputs in INPUTS:
         outs = []
         for lazy in (("cpu",), ()):
