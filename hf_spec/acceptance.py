@@ -22,6 +22,8 @@ rules, sampling with the multi-candidate (recursive) rejection sampling of SpecI
 Algorithm 2 / Theorem 4.2): the children of a node are tried in turn against the target's distribution, each
 rejection replacing it by the residual ``normalize(max(p - q, 0))``; all rejected: the next token is drawn from
 what is left.
+The chain functions are the tree functions walking a chain (:func:`chain_parents`), so each rule has one
+implementation, and the loop calls the tree functions for both shapes.
 
 Both work on a batch: every tensor has a leading batch dimension and the number of accepted tokens is
 per row. Rows may draft different numbers of tokens: ``num_drafted[b]`` says how many of the k columns
@@ -55,22 +57,16 @@ def greedy_accept(
         ``(num_accepted, next_token)``: ``LongTensor[B]`` in ``0..k``, the length of the accepted draft
         prefix, and ``LongTensor[B]``, the target's token after it (correction or bonus token).
 
+    This is :func:`greedy_accept_tree` on the chain (:func:`chain_parents`).
+
     Raises:
         ValueError: the shapes do not agree.
     """
     _check_shapes(draft_tokens, target_scores)
-    real = _real(draft_tokens, num_drafted).tolist()
-    drafts, accepted, following = draft_tokens.tolist(), [], []
-    top = _Argmax(target_scores)
-    for b, row in enumerate(drafts):
-        n = 0
-        while n < len(row) and real[b][n] and row[n] == top(b, n):
-            n += 1
-        accepted.append(n)
-        following.append(top(b, n))
-    device = draft_tokens.device
-    return (torch.tensor(accepted, dtype=torch.long, device=device),
-            torch.tensor(following, dtype=torch.long, device=device))
+    bsz, k = draft_tokens.shape
+    num_accepted, _, next_token = greedy_accept_tree(draft_tokens, chain_parents(bsz, k, draft_tokens.device),
+                                                     target_scores, num_drafted)
+    return num_accepted, next_token
 
 
 #: device types where an acceptance walk computes what it reads of each position when it first reads it (an argmax,

@@ -26,8 +26,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .acceptance import (LAZY_DEVICES, chain_parents, greedy_accept, greedy_accept_tree, speculative_sample_tree,
-                         tree_depths)
+from .acceptance import LAZY_DEVICES, chain_parents, greedy_accept_tree, speculative_sample_tree, tree_depths
 from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
 from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
@@ -453,7 +452,8 @@ def _speculative_decode(
 
         q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
         path = columns = target_scores = None
-        if do_sample:  # one rule for chains and trees (a chain is the tree with one child per node)
+        walked = chain_parents(n_rows, k, device) if parents is None else parents  # a chain: one child per node
+        if do_sample:
             if device.type in LAZY_DEVICES and scores_out is None:
                 # on a CPU a position is processed (the penalty, top-k, top-p's sort of the vocabulary) when the
                 # rejection walk first reads it: the root and each node it moves to, not the positions after a rejection
@@ -462,17 +462,13 @@ def _speculative_decode(
             else:
                 target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
                 target_probs = target_scores.softmax(dim=-1)
-            num_accepted, path, next_token = speculative_sample_tree(
-                drafts, chain_parents(n_rows, k, device) if parents is None else parents, q, target_probs, generator,
-                num_drafted)
-            if parents is None:
-                path = None
+            num_accepted, path, next_token = speculative_sample_tree(drafts, walked, q, target_probs, generator,
+                                                                     num_drafted)
         else:
             target_scores = process(range(k + 1), logits.flatten(0, 1)).view_as(logits)  # every position at once
-            if parents is None:
-                num_accepted, next_token = greedy_accept(drafts, target_scores, num_drafted)
-            else:
-                num_accepted, path, next_token = greedy_accept_tree(drafts, parents, target_scores, num_drafted)
+            num_accepted, path, next_token = greedy_accept_tree(drafts, walked, target_scores, num_drafted)
+        if parents is None:  # a chain: its accepted path is its first num_accepted tokens
+            path = None
         if path is not None:  # a tree: the verified positions along the accepted path, the root (column 0) first
             columns = torch.cat([path.new_zeros(n_rows, 1), (path + 1).clamp(min=0)], dim=1)
         n_acc, nxt = num_accepted.tolist(), next_token.tolist()
