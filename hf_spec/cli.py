@@ -285,8 +285,9 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--exclude-per-category", type=int, default=d.exclude_per_category,
                    help="question data: never train on the first M questions of each category (evaluation prompts; "
                         f"default {d.exclude_per_category})")
-    p.add_argument("--negatives", type=int, default=d.negatives,
-                   help=f"random tokens added to each batch's softmax (default {d.negatives})")
+    p.add_argument("--negatives", type=_negatives, default=d.negatives,
+                   help=f"random tokens added to each batch's softmax (default {d.negatives}), or 'all': the softmax "
+                        "over the whole vocabulary (heads agree more with the target; ~3x the training time with native bfloat16)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"save a resumable checkpoint every this many steps (default {d.checkpoint_every})")
     p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,
@@ -294,6 +295,19 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="the target's dtype while making features (default float32)")
+
+
+def _negatives(text: str) -> int | str:
+    """``--negatives``: a count >= 0 or ``all``."""
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', got {text!r}")
+    return value
 
 
 def _add_quantize(sub) -> None:

@@ -155,6 +155,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     (["--data", "/no/such/file.txt"], "no such data file"),
     (["--data", "specbench", "/no/such/file.txt"], "no such data file"),  # every source is checked before loading
     (["--holdout-fraction", "1.5"], "--holdout-fraction must be in (0, 1)"),
+    (["--negatives", "some"], "expected a count >= 0 or 'all'"),
 ])
 def test_train_medusa_bad_input(tmp_path, args, msg):
     r = run("train-medusa", "--target", "smollm2-135m", "--out", str(tmp_path / "o"), *args)

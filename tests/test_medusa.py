@@ -287,12 +287,13 @@ def fresh_heads(target, n=2):
     return heads
 
 
-def test_training_improves_agreement_and_is_deterministic(monkeypatch):
+@pytest.mark.parametrize("negatives", [8, "all"], ids=["sampled softmax", "full softmax"])
+def test_training_improves_agreement_and_is_deterministic(monkeypatch, negatives):
     monkeypatch.setattr(medusa_train, "TOP_K", 8)
     target = peaky_tiny()
     feats = tiny_features(target)
     train_texts, _ = medusa_train._split(12, 0.25, 0)
-    settings = medusa_train.TrainSettings(heads=2, epochs=8, lr=1e-2, batch_size=32, negatives=8)
+    settings = medusa_train.TrainSettings(heads=2, epochs=8, lr=1e-2, batch_size=32, negatives=negatives)
     a = fresh_heads(target)
     before = medusa_train.evaluate_heads(a, feats, train_texts)
     medusa_train.train_heads(a, feats, train_texts, settings, None, progress=False)
@@ -302,6 +303,32 @@ def test_training_improves_agreement_and_is_deterministic(monkeypatch):
     medusa_train.train_heads(b, feats, train_texts, settings, None, progress=False)
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.equal(pa, pb)
+
+
+def test_full_softmax_loss_is_the_soft_cross_entropy_over_the_vocabulary(monkeypatch):
+    """negatives="all": each head's loss is -sum_v p(v) log q_i(v) over the target's renormalised top-K with q the
+    softmax over every token, weighted 0.8^i and averaged over the positions that have a label (a reference written
+    from the definition); the sampled softmax, over a subset, gives a lower loss on the same batch."""
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target, n_texts=3)
+    heads = fresh_heads(target)
+    pos = torch.tensor([0, 5, 36, 37, 38])  # the last ones have fewer labels: the text ends
+    g = torch.Generator().manual_seed(0)
+    loss = medusa_train._batch_loss(heads, feats, pos, "all", g)
+    with torch.no_grad():
+        logits = heads(feats.hidden[pos]).double()  # [b, N, V]: the heads' full logits
+    want = 0.0
+    for i in range(heads.num_heads):
+        terms = []
+        for r, t in enumerate(pos.tolist()):
+            if feats.remaining[t] < i + 1:
+                continue
+            p = feats.top_logp[t + i + 1].double().softmax(-1)
+            terms.append(-(p * logits[r, i].log_softmax(-1)[feats.top_ids[t + i + 1]]).sum())
+        want += 0.8 ** i * torch.stack(terms).mean()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
+    assert float(medusa_train._batch_loss(heads, feats, pos, 8, g).detach()) < float(loss.detach())
 
 
 def test_interrupted_training_resumes_to_the_same_heads(tmp_path, monkeypatch):

@@ -8,8 +8,10 @@ section 2.3.2 "self-distillation").
 2. **Training**: head i at position t learns the target's distribution at position t + i + 1 (the token
    i + 2 ahead) as a soft label: cross-entropy ``-sum_v p_target(v) log q_i(v)`` over the target's top-K
    tokens (renormalised), with the softmax of q taken over the batch's label tokens plus random negatives
-   (a sampled softmax: a full 150k-token softmax per head and position is too slow for a CPU). Head i's
-   loss is weighted 0.8^i (later heads are harder; Medusa uses a decaying weight too).
+   (a sampled softmax, the default: a full 150k-token softmax per head and position costs ~3 times the
+   training time on a CPU with native bfloat16, more without), or over the whole vocabulary (``negatives="all"``, Medusa's own loss; heads agree
+   more with the target, docs/benchmarks.md). Head i's loss is weighted 0.8^i (later heads are harder; Medusa
+   uses a decaying weight too).
 3. **Report**: each head's top-1 and top-5 agreement with the target's own next-token choice on held-out
    texts, with the full vocabulary.
 
@@ -58,7 +60,8 @@ class TrainSettings:
         response_tokens: for question data, the target's answer length (greedy, ended by EOS).
         max_texts: use at most this many texts, a seeded random sample (0: all).
         holdout_fraction: texts kept out of training for the agreement report.
-        negatives: random vocabulary entries added to each batch's softmax.
+        negatives: random vocabulary entries added to each batch's softmax (a sampled softmax), or ``"all"``:
+            the softmax over the whole vocabulary (the vocabulary projection in the target's dtype).
         checkpoint_every: steps between checkpoints.
         exclude_per_category: for question data, the first M questions of each category are never
             trained on (the benchmark and the docs evaluate on the first few of each category).
@@ -75,7 +78,7 @@ class TrainSettings:
     response_tokens: int = 128
     max_texts: int = 0
     holdout_fraction: float = 0.1
-    negatives: int = 1024
+    negatives: int | str = 1024
     checkpoint_every: int = 200
     exclude_per_category: int = 5
     gen_batch_size: int = 16
@@ -91,8 +94,10 @@ class TrainSettings:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not 0 < self.holdout_fraction < 1:
             raise ValueError(f"--holdout-fraction must be in (0, 1), got {self.holdout_fraction}")
-        if self.response_tokens < 0 or self.max_texts < 0 or self.negatives < 0 or self.exclude_per_category < 0:
-            raise ValueError("--response-tokens, --max-texts, --negatives and --exclude-per-category must be >= 0")
+        if self.negatives != "all" and not (isinstance(self.negatives, int) and self.negatives >= 0):
+            raise ValueError(f"--negatives must be a count >= 0 or 'all', got {self.negatives!r}")
+        if self.response_tokens < 0 or self.max_texts < 0 or self.exclude_per_category < 0:
+            raise ValueError("--response-tokens, --max-texts and --exclude-per-category must be >= 0")
 
 
 @dataclass
@@ -366,9 +371,10 @@ def _split(num_texts: int, holdout_fraction: float, seed: int) -> tuple[set[int]
     return set(perm[n_eval:]), set(perm[:n_eval])
 
 
-def _batch_loss(heads: MedusaHeads, feats: Features, pos: torch.LongTensor, negatives: int,
+def _batch_loss(heads: MedusaHeads, feats: Features, pos: torch.LongTensor, negatives: int | str,
                 generator: torch.Generator) -> torch.Tensor:
-    """Soft-label cross-entropy of all heads at positions ``pos`` (sampled softmax, see the module doc)."""
+    """Soft-label cross-entropy of all heads at positions ``pos`` (``[b]``), over a sampled softmax or, with
+    ``negatives="all"``, the whole vocabulary (see the module doc)."""
     N = heads.num_heads
     x = heads.hidden(feats.hidden[pos])  # [b, N, H]
     offsets = torch.arange(1, N + 1)
@@ -378,14 +384,21 @@ def _batch_loss(heads: MedusaHeads, feats: Features, pos: torch.LongTensor, nega
     t_ids = feats.top_ids[label_pos]  # [b, N, K]
     t_p = feats.top_logp[label_pos].softmax(dim=-1)  # renormalised over the top-K
     vocab = heads.config.vocab_size
-    cand = torch.cat([t_ids[valid].flatten(), torch.randint(vocab, (negatives,), generator=generator)])
-    support = cand.unique()  # sorted
-    where = torch.searchsorted(support, t_ids).clamp(max=len(support) - 1)  # [b, N, K]; exact where valid
+    if negatives == "all":
+        support, where = None, t_ids
+    else:
+        cand = torch.cat([t_ids[valid].flatten(), torch.randint(vocab, (negatives,), generator=generator)])
+        support = cand.unique()  # sorted
+        where = torch.searchsorted(support, t_ids).clamp(max=len(support) - 1)  # [b, N, K]; exact where valid
     weights = 0.8 ** torch.arange(N, dtype=torch.float32)
     total = x.new_zeros(())
     for i in range(N):
-        W = heads.projection(i)[support].to(x.dtype)
-        logq = (x[:, i] @ W.T).log_softmax(dim=-1)  # [b, |S|]
+        if support is None:  # the whole vocabulary, projected in the projection's dtype (bfloat16: ~6x float32 on AMX)
+            W = heads.projection(i)
+            logq = (x[:, i].to(W.dtype) @ W.T).float().log_softmax(dim=-1)  # [b, V]
+        else:
+            W = heads.projection(i)[support].to(x.dtype)
+            logq = (x[:, i] @ W.T).log_softmax(dim=-1)  # [b, |S|]
         ce = -(t_p[:, i] * logq.gather(1, where[:, i])).sum(dim=-1)  # [b]
         m = valid[:, i]
         if bool(m.any()):
