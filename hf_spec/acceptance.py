@@ -140,7 +140,16 @@ def speculative_sample(
 
 
 def chain_parents(bsz: int, k: int, device=None) -> torch.Tensor:
-    """``LongTensor[B, k]``: a chain of k nodes as a tree (node j's parent is node j - 1; node 0's is the root, -1)."""
+    """A chain of k drafted tokens as a draft tree, for :func:`greedy_accept_tree` and :func:`speculative_sample_tree`.
+
+    Args:
+        bsz: B, the rows.
+        k: the nodes (drafted tokens) per row, >= 0.
+        device: the tensor's device.
+
+    Returns:
+        ``LongTensor[B, k]`` (an expanded view, read-only): node j's parent is node j - 1, node 0's is the root (-1).
+    """
     return torch.arange(-1, k - 1, device=device).expand(bsz, k)
 
 
