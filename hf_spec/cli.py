@@ -287,7 +287,7 @@ def _add_train_medusa(sub) -> None:
                         f"default {d.exclude_per_category})")
     p.add_argument("--negatives", type=_negatives, default=d.negatives,
                    help=f"random tokens added to each batch's softmax (default {d.negatives}), or 'all': the softmax "
-                        "over the whole vocabulary (heads agree more with the target; ~3x the training time with native bfloat16)")
+                        "over the whole vocabulary (heads agree more with the target; ~7x the training time)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"save a resumable checkpoint every this many steps (default {d.checkpoint_every})")
     p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,

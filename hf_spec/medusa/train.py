@@ -8,10 +8,10 @@ section 2.3.2 "self-distillation").
 2. **Training**: head i at position t learns the target's distribution at position t + i + 1 (the token
    i + 2 ahead) as a soft label: cross-entropy ``-sum_v p_target(v) log q_i(v)`` over the target's top-K
    tokens (renormalised), with the softmax of q taken over the batch's label tokens plus random negatives
-   (a sampled softmax, the default: a full 150k-token softmax per head and position costs ~3 times the
-   training time on a CPU with native bfloat16, more without), or over the whole vocabulary (``negatives="all"``, Medusa's own loss; heads agree
-   more with the target, docs/benchmarks.md). Head i's loss is weighted 0.8^i (later heads are harder; Medusa
-   uses a decaying weight too).
+   (a sampled softmax, the default: a full 150k-token softmax per head and position costs ~7 times the
+   training time on a CPU with AMX, more without native bfloat16), or over the whole vocabulary
+   (``negatives="all"``, Medusa's own loss; heads agree more with the target, docs/benchmarks.md). Head i's loss
+   is weighted 0.8^i (later heads are harder; Medusa uses a decaying weight too).
 3. **Report**: each head's top-1 and top-5 agreement with the target's own next-token choice on held-out
    texts, with the full vocabulary.
 
