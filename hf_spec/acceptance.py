@@ -230,25 +230,34 @@ def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) 
     return real
 
 
-def _path(parents: torch.Tensor, last: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """``LongTensor[B, D]``: the nodes from the root's child down to ``last[b]`` (``-1``: none), padded with -1."""
-    bsz = parents.shape[0]
-    width = int(depth.max()) if depth.numel() else 0
-    path = torch.full((bsz, width), -1, dtype=torch.long, device=parents.device)
-    for b in range(bsz):
-        node = int(last[b])
+def _depth_lists(parents: list[list[int]], reals: list[list[bool]]) -> list[list[int]]:
+    """:func:`tree_depths` on Python lists (the acceptance walks' bookkeeping: a few list operations a node, where a
+    tensor operation per node costs more than the walk itself); ``parents`` already checked."""
+    out = []
+    for ups, real in zip(parents, reals):
+        depth = [0] * len(ups)
+        for j, (up, r) in enumerate(zip(ups, real)):
+            depth[j] = (depth[up] + 1 if up >= 0 else 1) if r else 0
+        out.append(depth)
+    return out
+
+
+def _accepted(parents: list[list[int]], depths: list[list[int]], last: list[int], device
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk's result from Python lists: ``(num_accepted LongTensor[B], path LongTensor[B, D])``, the nodes from the
+    root's child down to ``last[b]`` (``-1``: the root, an empty path) padded with -1, D the deepest real node's
+    depth."""
+    width = max((max(d) for d in depths if d), default=0)
+    lengths, paths = [], []
+    for ups, node in zip(parents, last):
+        path = []
         while node >= 0:
-            path[b, int(depth[b, node]) - 1] = node
-            node = int(parents[b, node])
-    return path
-
-
-def _depth_of(depth: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
-    """``LongTensor[B]``: the depth of each row's ``node`` (``-1``, the root: 0), from ``depth [B, N]``; N may be 0
-    (an empty tree)."""
-    if depth.shape[1] == 0:
-        return torch.zeros_like(node)
-    return torch.where(node >= 0, depth.gather(1, node.clamp(min=0)[:, None]).squeeze(1), 0)
+            path.append(node)
+            node = ups[node]
+        lengths.append(len(path))
+        paths.append(path[::-1] + [-1] * (width - len(path)))
+    return (torch.tensor(lengths, dtype=torch.long, device=device),
+            torch.tensor(paths, dtype=torch.long, device=device).view(len(last), width))
 
 
 def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor | None) -> None:
@@ -286,25 +295,23 @@ def greedy_accept_tree(
     """
     _check_tree(tokens, parents, target_scores)
     n = tokens.shape[1]
-    depth = tree_depths(parents, num_nodes)
-    real = _real(tokens, num_nodes)
-    parents = torch.where(real, parents, -1)  # filler: never read
-    toks, ups, depths, reals = tokens.tolist(), (parents + 1).tolist(), depth.tolist(), real.tolist()
+    real = check_parents(parents, num_nodes)
+    parent_lists, reals = torch.where(real, parents, -1).tolist(), real.tolist()  # filler: never read
+    toks, depths = tokens.tolist(), _depth_lists(parent_lists, reals)
     last, following = [], []
     top = _Argmax(target_scores)  # on a CPU: the root's position, then those of accepted nodes only
     for b in range(len(toks)):
         ok = [True] + [False] * n  # position 0: the root
         best, best_score = -1, -1  # the deepest accepted node (the earliest among equals)
         for j in range(n):
-            up = ups[b][j]
+            up = parent_lists[b][j] + 1
             if reals[b][j] and ok[up] and toks[b][j] == top(b, up):
                 ok[j + 1] = True
                 if depths[b][j] * (n + 1) - j > best_score:
                     best, best_score = j, depths[b][j] * (n + 1) - j
         last.append(best)
         following.append(top(b, best + 1))
-    last = torch.tensor(last, dtype=torch.long, device=tokens.device)
-    return (_depth_of(depth, last), _path(parents, last, depth),
+    return (*_accepted(parent_lists, depths, last, tokens.device),
             torch.tensor(following, dtype=torch.long, device=tokens.device))
 
 
@@ -358,7 +365,7 @@ def speculative_sample_tree(
         column = lambda j: target_probs(j).float()  # noqa: E731
     bsz, n = tokens.shape
     device = tokens.device
-    depth = tree_depths(parents, num_nodes)
+    real = check_parents(parents, num_nodes)
     p = column(0).clone()  # what is left of the target's distribution at cur
     if p.dim() != 2 or p.shape[0] != bsz:
         raise ValueError(f"the target's distribution at the root has shape {tuple(p.shape)}, expected [{bsz}, V]")
@@ -366,7 +373,6 @@ def speculative_sample_tree(
         if draft_probs.shape != (bsz, n, p.shape[-1]):
             raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected {(bsz, n, p.shape[-1])}")
         draft_probs = draft_probs.float()
-    real = _real(tokens, num_nodes)
     u = torch.rand((bsz, n), device=device, generator=generator)
     cur = torch.full((bsz,), -1, dtype=torch.long, device=device)  # the node the walk is at (-1: the root)
     # one pass in node order walks every row's tree: a node's children come after it, and once the walk moves
@@ -381,9 +387,12 @@ def speculative_sample_tree(
         accept = tried & (u[:, j] * q_x < p_x)
         reject = tried & ~accept
         if bool(reject.any()):
-            p = torch.where(reject[:, None], _residual(p, None if draft_probs is None else draft_probs[:, j], x), p)
+            residual = _residual(p, None if draft_probs is None else draft_probs[:, j], x)
+            p = residual if bool(reject.all()) else torch.where(reject[:, None], residual, p)
         if bool(accept.any()):
             cur = torch.where(accept, j, cur)
-            p = torch.where(accept[:, None], column(j + 1), p)
+            following = column(j + 1)
+            p = following if bool(accept.all()) else torch.where(accept[:, None], following, p)
     next_token = torch.multinomial(p / p.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
-    return _depth_of(depth, cur), _path(parents, cur, depth), next_token
+    parent_lists, reals = torch.where(real, parents, -1).tolist(), real.tolist()
+    return (*_accepted(parent_lists, _depth_lists(parent_lists, reals), cur.tolist(), device), next_token)

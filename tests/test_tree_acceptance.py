@@ -168,8 +168,8 @@ def wrong_sibling_rule(tokens, parents, draft_probs, target_probs, generator=Non
         cur = torch.where(accept, j, cur)
         p = torch.where(accept[:, None], column(j + 1), p)
     nxt = torch.multinomial(p, 1).squeeze(1)
-    depth = tree_depths(parents)
-    return acceptance._depth_of(depth, cur), acceptance._path(parents, cur, depth), nxt
+    ups = parents.tolist()
+    return (*acceptance._accepted(ups, acceptance._depth_lists(ups, [[True] * n] * bsz), cur.tolist(), cur.device), nxt)
 
 
 @pytest.mark.parametrize("shape,mode", [("chain", "sampled"), ("wide", "sampled"), ("branchy", "sampled"),
