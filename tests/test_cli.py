@@ -117,6 +117,22 @@ def test_generate_hybrid_with_a_corpus(tmp_path):
     assert out["per_source"]["suffix"]["accepted_tokens"] > 0 and "draft" in out["per_source"], out["per_source"]
 
 
+def test_corpus_files_text_and_jsonl(tmp_path):
+    """--corpus: a text file is one document; a .jsonl file one document a line (blank lines skipped), so past
+    answers stay separate documents; a line without a "text" string is refused with its file and line."""
+    from hf_spec.commands.generate import read_corpus
+    (tmp_path / "doc.txt").write_text("line one\nline two\n")
+    (tmp_path / "answers.jsonl").write_text('{"text": "first answer"}\n\n{"text": "second\\nanswer", "id": 7}\n')
+    assert read_corpus([tmp_path / "doc.txt", tmp_path / "answers.jsonl"]) == [
+        "line one\nline two\n", "first answer", "second\nanswer"]
+    assert read_corpus(None) is None
+    for bad in ('{"text": "ok"}\n{"answer": "no text"}\n', '{"text": "ok"}\n["a list"]\n', '{"text": "ok"}\nnot json\n',
+                '{"text": "ok"}\n{"text": 3}\n'):
+        (tmp_path / "bad.jsonl").write_text(bad)
+        with pytest.raises(ValueError, match=r"bad.jsonl:2: each line of a .jsonl corpus must be a JSON object"):
+            read_corpus([tmp_path / "bad.jsonl"])
+
+
 @slow
 def test_train_medusa_on_a_text_file(tmp_path):
     """Tiny settings on real SmolLM2: heads saved in vLLM's Medusa layout, a report, and a rerun of the

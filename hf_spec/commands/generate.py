@@ -90,10 +90,13 @@ def _check_args(args) -> None:
 
 
 def read_corpus(paths) -> list[str] | None:
-    """The texts of ``--corpus FILE...`` (``None`` without the option).
+    """The documents of ``--corpus FILE...`` (``None`` without the option): a text file is one document; a
+    ``.jsonl`` file holds one document a line, a JSON object with a ``"text"`` string (past answers as a server
+    logs them, for example), so the drafter never matches across two of them.
 
     Raises:
-        ValueError: a file that does not exist or is a folder, or one that is not UTF-8 text.
+        ValueError: a file that does not exist or is a folder, one that is not UTF-8 text, or a ``.jsonl`` line
+            that is not an object with a ``"text"`` string (the message names the file and line).
     """
     if not paths:
         return None
@@ -101,11 +104,26 @@ def read_corpus(paths) -> list[str] | None:
     for name in paths:
         path = Path(name)
         if not path.exists() or path.is_dir():
-            raise ValueError(f"--corpus {path}: {'a folder' if path.is_dir() else 'no such file'}; give text files")
+            raise ValueError(f"--corpus {path}: {'a folder' if path.is_dir() else 'no such file'}; give text files "
+                             "or .jsonl files of {\"text\": ...} lines")
         try:
-            texts.append(path.read_text(encoding="utf-8"))
+            content = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"--corpus {path} is not UTF-8 text") from None
+        if path.suffix.lower() != ".jsonl":
+            texts.append(content)
+            continue
+        for lineno, line in enumerate(content.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line).get("text")
+            except (json.JSONDecodeError, AttributeError):
+                text = None
+            if not isinstance(text, str):
+                raise ValueError(f"--corpus {path}:{lineno}: each line of a .jsonl corpus must be a JSON object with a "
+                                 "\"text\" string, e.g. {\"text\": \"an earlier answer\"}")
+            texts.append(text)
     return texts
 
 
