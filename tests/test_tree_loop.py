@@ -157,7 +157,7 @@ class SuffixFirstHybrid(hf_spec.HybridDrafter):
     """The hybrid drafter with its choice fixed, so that a test sees both sources in one batch: the suffix
     proposal wherever there is one, else the model's."""
 
-    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None, origin="text"):
         return "suffix" if proposal_length else "model"
 
 
@@ -165,7 +165,7 @@ class ModelFirstHybrid(hf_spec.HybridDrafter):
     """The hybrid drafter with its choice fixed to the model, so that every row with a suffix match long enough
     drafts the merged tree (the model's with the suffix proposal folded in)."""
 
-    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None, origin="text"):
         return "model"
 
 
@@ -294,7 +294,7 @@ class RowParityHybrid(hf_spec.HybridDrafter):
 
     calls = 0
 
-    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None):
+    def choose_source(self, proposal_length, match_length, k, catch_up_s=0.0, remaining_tokens=None, origin="text"):
         self.calls += 1
         return "suffix" if proposal_length and self.calls % 2 == 0 else "model"
 

@@ -11,7 +11,10 @@ score is high enough, else with the model), the choice here is made by the cost 
 - the suffix proposal's acceptance a_j: the conditional acceptance measured for suffix drafts at position j
   (decayed counts), separately per match-length bucket (:data:`SUFFIX_PRIORS`: 1, 2-3, 4-9, 10 or more tokens),
   each with its own prior (:data:`PRIOR_WEIGHT` pseudo-observations) from the acceptance of suffix proposals
-  measured offline by match length. One prior for every match length let a free proposal from a 1-token match
+  measured offline by match length; a match in a corpus or in past outputs (``Proposal.origin``) apart from one in
+  the text itself, with its own priors (:data:`CORPUS_PRIORS`): at the same length it predicts less (2-3 tokens:
+  the first token accepted 30% against 54%), and priced as a match in the text it drew the hybrid to corpus
+  proposals that lost to its draft model. One prior for every match length let a free proposal from a 1-token match
   (accepted about a quarter of the time) beat an unmeasured model, and judged long matches (three quarters) as
   weak as short ones. Those priors come from greedy outputs; all of them are multiplied by how this call's
   suffix drafts fared against them, pooled over the buckets (:meth:`HybridDrafter.suffix_prior_scale`, at most
@@ -65,7 +68,7 @@ from ..adaptive import forward_time
 from .base import Drafter, VerifyOutput, logit_rows
 from .suffix import SuffixDrafter
 
-__all__ = ["HybridDrafter", "MERGE_MIN_MATCH", "merge_into_tree"]
+__all__ = ["CORPUS_PRIORS", "HybridDrafter", "MERGE_MIN_MATCH", "SUFFIX_PRIORS", "merge_into_tree"]
 
 #: Suffix proposals' prior conditional acceptance by match length: ``(shortest match, first token, each later
 #: token)`` per bucket. Measured offline (docs/results/issue21_hybrid_priors/, 2026-12-02) on the target's
@@ -73,6 +76,20 @@ __all__ = ["HybridDrafter", "MERGE_MIN_MATCH", "merge_into_tree"]
 #: of each category), at the positions a suffix-only loop drafts at: 1-token matches 0.23 then 0.52-0.65, 2-3
 #: tokens 0.49-0.50 then 0.67-0.72, 4-9 tokens 0.64-0.71 then 0.67-0.90, 10 or more 0.72 then 0.92.
 SUFFIX_PRIORS = ((1, 0.25, 0.55), (2, 0.5, 0.7), (4, 0.65, 0.8), (10, 0.75, 0.85))
+
+#: The same for proposals from a match in a corpus or in past outputs (``Proposal.origin`` ``"corpus"`` or
+#: ``"memory"``), same buckets. Measured offline (docs/results/issue21_suffix_corpus/priors.py, 2026-12-05) leave one
+#: out on the target's greedy answers to 264 Spec-Bench questions the bench does not ask, each replayed after its
+#: prompt with the other 263 as the corpus: corpus matches of 1 token 0.21 then 0.42, 2-3 tokens 0.30 then 0.52,
+#: 4-9 tokens 0.53 then 0.44, 10 or more 0.65 then 0.57 (34 proposals), where matches in the text itself gave
+#: 0.26 / 0.57, 0.54 / 0.75, 0.71 / 0.79 and 0.92 / 0.94.
+CORPUS_PRIORS = ((1, 0.2, 0.4), (2, 0.3, 0.5), (4, 0.5, 0.45), (10, 0.65, 0.55))
+
+
+def _priors(origin: str):
+    """:data:`SUFFIX_PRIORS` for a match in the text itself, :data:`CORPUS_PRIORS` for one in a corpus or past
+    outputs."""
+    return SUFFIX_PRIORS if origin == "text" else CORPUS_PRIORS
 
 
 def suffix_bucket(match_length: int) -> int:
@@ -252,7 +269,9 @@ class HybridDrafter(Drafter):
         self._model = self.model_drafter.start(target, input_ids, self.generation_config, self.logits_processor)
         self._suffix = self.suffix.start(target, input_ids, self.generation_config, self.logits_processor)
         self._vocab = logit_rows(target)
+        # suffix drafts' counts by match-length bucket: matches in the text, and in a corpus or past outputs
         self._suffix_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in SUFFIX_PRIORS]
+        self._corpus_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in CORPUS_PRIORS]
         self._model_acceptance = _Acceptance(self.decay)
         self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
@@ -260,7 +279,7 @@ class HybridDrafter(Drafter):
         # a tree's depth) of its latest drafts
         self._model_s: list[tuple[float | None, int, int]] = []
         self._model_tree_scores = False  # whether the model drafter's last tree came with scores (sampled nodes)
-        # per row of the last draft: (source, match length, k asked)
+        # per row of the last draft: (source, match length, k asked, the suffix match's origin)
         self._chosen: list[tuple[str, int, int]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
@@ -282,16 +301,17 @@ class HybridDrafter(Drafter):
             n = verified.positions or 1 + max(verified.num_drafted.tolist(), default=0)
             self._forward_s[n] = (self._forward_s.get(n, []) + [verified.seconds])[-9:]
         if self._chosen is not None and verified.step > 0:
-            unverified = [*self._suffix_acceptance, self._model_acceptance]
+            unverified = [*self._suffix_acceptance, *self._corpus_acceptance, self._model_acceptance]
             # a tree's drafted positions are its depth as verified (the loop may have cut it at max_length)
             drafted = (verified.num_drafted if verified.depths is None else verified.depths).tolist()
-            for (source, match_length, asked), d, a in zip(self._chosen, drafted, verified.num_accepted.tolist()):
+            for (source, match_length, asked, origin), d, a in zip(self._chosen, drafted,
+                                                                   verified.num_accepted.tolist()):
                 if d:
-                    kind = (self._suffix_acceptance[suffix_bucket(match_length)] if source == "suffix"
+                    kind = (self._suffix_kind(origin, match_length) if source == "suffix"
                             else self._model_acceptance)
                     kind.add(d, a, None if source == "suffix" else asked)
                     if source == "suffix":
-                        _, first, later = SUFFIX_PRIORS[suffix_bucket(match_length)]
+                        _, first, later = _priors(origin)[suffix_bucket(match_length)]
                         evidence = self._suffix_evidence
                         evidence[0] = evidence[0] * self.decay + min(a, d)
                         evidence[1] = evidence[1] * self.decay + first + later * (min(a + 1, d) - 1)
@@ -318,10 +338,15 @@ class HybridDrafter(Drafter):
         accepted, expected = self._suffix_evidence
         return min(1.0, (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT))
 
+    def _suffix_kind(self, origin: str, match_length: int) -> _Acceptance:
+        """The counts that price and learn from a suffix proposal of this origin and match length."""
+        return (self._suffix_acceptance if origin == "text" else self._corpus_acceptance)[suffix_bucket(match_length)]
+
     def choose_source(self, proposal_length: int, match_length: int, k: int, catch_up_s: float = 0.0,
-                      remaining_tokens: int | None = None) -> str:
+                      remaining_tokens: int | None = None, origin: str = "text") -> str:
         """``"suffix"``, ``"model"`` or ``"none"`` for a row whose suffix proposal has ``proposal_length`` tokens
-        after a match of ``match_length`` tokens: the highest predicted tokens per second, plain decoding's one
+        after a match of ``match_length`` tokens in ``origin`` (``Proposal.origin``: the text, or a corpus or past
+        outputs, priced by :data:`CORPUS_PRIORS`): the highest predicted tokens per second, plain decoding's one
         token per forward included (see the module docstring). ``catch_up_s``: the model's one-off catch-up in
         seconds, spread over the ``remaining_tokens / E[tokens per step]`` steps left."""
         medians = {n: statistics.median(t) for n, t in self._forward_s.items() if t}
@@ -340,7 +365,7 @@ class HybridDrafter(Drafter):
             model_s += catch_up_s * model_tokens / max(1, remaining_tokens)
         rates = {"none": 1.0 / forward(1), "model": model_tokens / (forward(1 + round(k * share)) + model_s)}
         if proposal_length:
-            rates["suffix"] = (self._suffix_acceptance[suffix_bucket(match_length)].expected_tokens(
+            rates["suffix"] = (self._suffix_kind(origin, match_length).expected_tokens(
                 proposal_length, self.suffix_prior_scale()) / forward(1 + proposal_length))
         return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
@@ -382,7 +407,7 @@ class HybridDrafter(Drafter):
         catch_up_s = catch_up_tokens * self._prefill_s_per_token
         max_length = self.generation_config.max_length if self.generation_config is not None else None
         sources = [self.choose_source(len(p.tokens), p.match_length, k, catch_up_s,
-                                      max_length - len(seq) if max_length else None)
+                                      max_length - len(seq) if max_length else None, p.origin)
                    for p, seq in zip(proposals, sequences)]
         if num_nodes:  # the suffix rows' trees (the choice above priced their chains, as a chain step would)
             proposals = [self._suffix.propose(b, seq, k, num_nodes) if source == "suffix" else p
@@ -458,7 +483,7 @@ class HybridDrafter(Drafter):
                 if scores is not None:
                     scores[b, :m] = float("-inf")
                     scores[b, torch.arange(m), tokens[b, :m].to(scores.device)] = 0.0
-        self._chosen = [(s, p.match_length, k) for p, s in zip(proposals, sources)]
+        self._chosen = [(s, p.match_length, k, p.origin) for p, s in zip(proposals, sources)]
         self.last_sources = [(self.model_drafter.method + ("+suffix" if b in merged else "")) if s == "model" else s
                              for b, s in enumerate(sources)]
         return tokens, num, scores, parents

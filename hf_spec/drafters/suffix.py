@@ -16,6 +16,7 @@ output keeps the target's distribution whatever is proposed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import deque
@@ -150,9 +151,9 @@ class SuffixDrafter(Drafter):
     def propose(self, b: int, sequence: torch.LongTensor, k: int, num_nodes: int = 0) -> Proposal:
         """Row b's proposal of at most k tokens (after :meth:`index`): the best of the current text's, the
         corpus's and past outputs' (most expected accepted tokens, then the longer match, then the current
-        text). With ``num_nodes``, the current text's proposal is a speculation tree of at most that many nodes
-        (:meth:`~hf_spec.drafters.suffix_index.SuffixTrie.tree`, k deep); the corpus's and past outputs' stay
-        chains."""
+        text); its ``origin`` says which. With ``num_nodes``, the current text's proposal is a speculation tree
+        of at most that many nodes (:meth:`~hf_spec.drafters.suffix_index.SuffixTrie.tree`, k deep); the corpus's
+        and past outputs' stay chains."""
         n, node = self._trie.longest_match(self._states[b], self.min_match, self.max_match)
         candidates = []
         if n and num_nodes:
@@ -161,7 +162,7 @@ class SuffixDrafter(Drafter):
             candidates.append(self._trie.continuation(node, n, self._limit(n, k), self.min_token_prob,
                                                       self.most_recent))
         context = None
-        for index in (self.corpus, self.memory.index if self.memory is not None else None):
+        for origin, index in (("corpus", self.corpus), ("memory", self.memory.index if self.memory is not None else None)):
             if index is None:
                 continue
             if context is None:
@@ -169,7 +170,8 @@ class SuffixDrafter(Drafter):
             m, lo, hi = index.match_of(context, self.min_match, self.max_match)
             if m and m >= n:  # a shorter match than the current text's is weaker evidence
                 limit = self._limit(m, k) if not num_nodes else min(self._limit(m, k), num_nodes)
-                candidates.append(index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent))
+                proposal = index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent)
+                candidates.append(dataclasses.replace(proposal, origin=origin))
         best = Proposal([], [], 0)
         for c in candidates:
             if (c.expected_accepted, c.match_length) > (best.expected_accepted, best.match_length):

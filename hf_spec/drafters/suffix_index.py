@@ -43,12 +43,17 @@ class Proposal:
         match_length: n, the length of the matched suffix of the context (0: no match, no tokens).
         parents: ``None`` for a chain; for a tree (:meth:`SuffixTrie.tree`), per token the index of its parent
             token in ``tokens`` (-1: it follows the context directly); a parent comes before its children.
+        origin: where the match was found: ``"text"`` (the prompt and output so far), ``"corpus"`` (documents
+            the user gave) or ``"memory"`` (past outputs); set by the drafter that chose among them
+            (:meth:`~hf_spec.drafters.suffix.SuffixDrafter.propose`). A match in other documents predicts less
+            than one of the same length in the text itself (docs/benchmarks.md, the suffix drafter with a corpus).
     """
 
     tokens: list[int]
     probs: list[float]
     match_length: int
     parents: list[int] | None = None
+    origin: str = "text"
 
     @property
     def expected_accepted(self) -> float:
