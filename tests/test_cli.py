@@ -122,9 +122,12 @@ def test_corpus_files_text_and_jsonl(tmp_path):
     answers stay separate documents; a line without a "text" string is refused with its file and line."""
     from hf_spec.commands.generate import read_corpus
     (tmp_path / "doc.txt").write_text("line one\nline two\n")
-    (tmp_path / "answers.jsonl").write_text('{"text": "first answer"}\n\n{"text": "second\\nanswer", "id": 7}\n')
+    # a byte-order mark, a blank line, and a text holding U+2028 written raw (json.dumps(..., ensure_ascii=False))
+    (tmp_path / "answers.jsonl").write_text('\ufeff{"text": "first answer"}\r\n\n{"text": "second\\nanswer", "id": 7}\n'
+                                            + json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
     assert read_corpus([tmp_path / "doc.txt", tmp_path / "answers.jsonl"]) == [
-        "line one\nline two\n", "first answer", "second\nanswer"]
+        "line one\nline two\n", "first answer", "second\nanswer", "a\u2028b"]
     assert read_corpus(None) is None
     for bad in ('{"text": "ok"}\n{"answer": "no text"}\n', '{"text": "ok"}\n["a list"]\n', '{"text": "ok"}\nnot json\n',
                 '{"text": "ok"}\n{"text": 3}\n'):

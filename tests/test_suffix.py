@@ -279,7 +279,7 @@ def test_remembered_outputs_are_bounded_and_drafted_from(pair):
 
 def test_a_proposal_names_the_source_its_match_is_in(pair):
     """propose() says where its match was found (Proposal.origin): the text, the corpus or past outputs; the
-    hybrid drafter prices each apart."""
+    hybrid drafter prices a match in the text apart from one in a corpus or past outputs."""
     target, _ = pair
     d = hf_spec.SuffixDrafter(4, corpus=[[20, 21, 22, 23, 24, 25]], remember_outputs=50, min_token_prob=0.0)
     d.memory.add([[10, 11, 12, 13, 14]])
@@ -524,7 +524,7 @@ def test_hybrid_prices_a_corpus_match_apart_from_one_in_the_text(pair):
     """A match in a corpus or past outputs predicts less than one of the same length in the text itself (2-3 tokens:
     the first token accepted 30% against 54%, measured leave one out on the target's answers): the hybrid prices it
     by CORPUS_PRIORS and learns from it in counts of its own. Priced as a text match, an 8-token proposal from a
-    3-token corpus match beat an unmeasured model, and with a corpus the hybrid fell to 0.93 of its draft model."""
+    3-token corpus match beat an unmeasured model, and with a corpus the hybrid fell to 0.95 of its draft model."""
     from hf_spec.drafters.hybrid import CORPUS_PRIORS, PRIOR_WEIGHT, SUFFIX_PRIORS
 
     assert [len(b) for b in (CORPUS_PRIORS, SUFFIX_PRIORS)] == [4, 4]
@@ -543,6 +543,24 @@ def test_hybrid_prices_a_corpus_match_apart_from_one_in_the_text(pair):
     assert all(not a.reached for a in d._suffix_acceptance)
     # the call's pooled factor compares the draft with its own origin's prior (0.3 expected, none accepted)
     assert d.suffix_prior_scale() == pytest.approx(PRIOR_WEIGHT / (0.3 + PRIOR_WEIGHT))
+
+
+def test_the_hybrid_drafts_and_learns_a_corpus_proposal_as_one(pair):
+    """Through the hybrid's own draft (chain and tree form): a row whose only match is in the corpus takes the
+    corpus proposal, remembers its origin, and its verification lands in the corpus counts, not the text's."""
+    target, draft = pair
+    corpus = list(range(10, 31))
+    seq = torch.tensor([5] + list(range(10, 22)))  # its last 12 tokens are in the corpus, nothing repeats in the text
+    for num_nodes in (0, 8):
+        d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3), hf_spec.SuffixDrafter(corpus=[corpus])).start(
+            target, seq[None], GenerationConfig(max_length=64))
+        d._forward_s = {1: [0.1]}
+        tokens, num, *_ = d.draft_tree([seq], 3, num_nodes) if num_nodes else d.draft([seq], 3)
+        assert tokens[0, :int(num[0])].tolist() == [22, 23, 24] and d.last_sources == ["suffix"]
+        assert d._chosen == [("suffix", 12, 3, "corpus")]
+        d.update(VerifyOutput(step=1, num_drafted=num, num_accepted=torch.tensor([2]), seconds=0.1))
+        assert d._corpus_acceptance[3].reached[:3] == [1.0, 1.0, 1.0] and d._corpus_acceptance[3].accepted[:2] == [1.0, 1.0]
+        assert all(not a.reached for a in d._suffix_acceptance)
 
 
 def test_hybrid_lowers_every_suffix_prior_when_its_drafts_are_accepted_less_than_the_priors_expect(pair):

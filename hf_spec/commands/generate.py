@@ -106,14 +106,16 @@ def read_corpus(paths) -> list[str] | None:
         if not path.exists() or path.is_dir():
             raise ValueError(f"--corpus {path}: {'a folder' if path.is_dir() else 'no such file'}; give text files "
                              "or .jsonl files of {\"text\": ...} lines")
+        jsonl = path.suffix.lower() == ".jsonl"
         try:
-            content = path.read_text(encoding="utf-8")
+            content = path.read_text(encoding="utf-8-sig" if jsonl else "utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"--corpus {path} is not UTF-8 text") from None
-        if path.suffix.lower() != ".jsonl":
+        if not jsonl:
             texts.append(content)
             continue
-        for lineno, line in enumerate(content.splitlines(), 1):
+        # lines end at "\n" only: JSON strings may hold U+2028 and other breaks that str.splitlines() splits at
+        for lineno, line in enumerate(content.split("\n"), 1):
             if not line.strip():
                 continue
             try:

@@ -82,7 +82,9 @@ SUFFIX_PRIORS = ((1, 0.25, 0.55), (2, 0.5, 0.7), (4, 0.65, 0.8), (10, 0.75, 0.85
 #: out on the target's greedy answers to 264 Spec-Bench questions the bench does not ask, each replayed after its
 #: prompt with the other 263 as the corpus: corpus matches of 1 token 0.21 then 0.42, 2-3 tokens 0.30 then 0.52,
 #: 4-9 tokens 0.53 then 0.44, 10 or more 0.65 then 0.57 (34 proposals), where matches in the text itself gave
-#: 0.26 / 0.57, 0.54 / 0.75, 0.71 / 0.79 and 0.92 / 0.94.
+#: 0.26 / 0.57, 0.54 / 0.75, 0.71 / 0.79 and 0.92 / 0.94. Past outputs (``"memory"``) share these priors and counts
+#: with the corpus: not measured apart (a server answering near-identical requests would find its memory matches
+#: stronger, which the counts then learn within a call).
 CORPUS_PRIORS = ((1, 0.2, 0.4), (2, 0.3, 0.5), (4, 0.5, 0.45), (10, 0.65, 0.55))
 
 
@@ -93,13 +95,15 @@ def _priors(origin: str):
 
 
 def suffix_bucket(match_length: int) -> int:
-    """The index in :data:`SUFFIX_PRIORS` of the bucket a suffix match of ``match_length`` tokens falls in (the
-    first for anything shorter than its shortest match)."""
+    """The index in :data:`SUFFIX_PRIORS` (and :data:`CORPUS_PRIORS`, whose buckets are the same) of the bucket a
+    suffix match of ``match_length`` tokens falls in (the first for anything shorter than its shortest match)."""
     return max(0, bisect.bisect_right([shortest for shortest, _, _ in SUFFIX_PRIORS], match_length) - 1)
 
 
 #: the shortest suffix match whose proposal joins a model row's tree (:meth:`HybridDrafter.draft_tree`): from 2
-#: tokens on, the first suffix token was accepted about half the time (:data:`SUFFIX_PRIORS`), 1-token matches a quarter
+#: tokens on, the first suffix token was accepted about half the time (:data:`SUFFIX_PRIORS`), 1-token matches a quarter.
+#: The same length for a match in a corpus or past outputs, whose 2-3-token matches are accepted 30% of the time
+#: (:data:`CORPUS_PRIORS`): a folded branch costs the model's tree a few nodes, not a step; not measured apart yet
 MERGE_MIN_MATCH = 2
 
 
@@ -280,7 +284,7 @@ class HybridDrafter(Drafter):
         self._model_s: list[tuple[float | None, int, int]] = []
         self._model_tree_scores = False  # whether the model drafter's last tree came with scores (sampled nodes)
         # per row of the last draft: (source, match length, k asked, the suffix match's origin)
-        self._chosen: list[tuple[str, int, int]] | None = None
+        self._chosen: list[tuple[str, int, int, str]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
         self._prompt_tokens = int(input_ids.numel())
         self.last_sources = None
@@ -407,7 +411,7 @@ class HybridDrafter(Drafter):
         catch_up_s = catch_up_tokens * self._prefill_s_per_token
         max_length = self.generation_config.max_length if self.generation_config is not None else None
         sources = [self.choose_source(len(p.tokens), p.match_length, k, catch_up_s,
-                                      max_length - len(seq) if max_length else None, p.origin)
+                                      max_length - len(seq) if max_length else None, origin=p.origin)
                    for p, seq in zip(proposals, sequences)]
         if num_nodes:  # the suffix rows' trees (the choice above priced their chains, as a chain step would)
             proposals = [self._suffix.propose(b, seq, k, num_nodes) if source == "suffix" else p

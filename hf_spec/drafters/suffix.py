@@ -16,7 +16,6 @@ output keeps the target's distribution whatever is proposed.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections import deque
@@ -170,8 +169,7 @@ class SuffixDrafter(Drafter):
             m, lo, hi = index.match_of(context, self.min_match, self.max_match)
             if m and m >= n:  # a shorter match than the current text's is weaker evidence
                 limit = self._limit(m, k) if not num_nodes else min(self._limit(m, k), num_nodes)
-                proposal = index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent)
-                candidates.append(dataclasses.replace(proposal, origin=origin))
+                candidates.append(index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent, origin))
         best = Proposal([], [], 0)
         for c in candidates:
             if (c.expected_accepted, c.match_length) > (best.expected_accepted, best.match_length):

@@ -43,10 +43,10 @@ class Proposal:
         match_length: n, the length of the matched suffix of the context (0: no match, no tokens).
         parents: ``None`` for a chain; for a tree (:meth:`SuffixTrie.tree`), per token the index of its parent
             token in ``tokens`` (-1: it follows the context directly); a parent comes before its children.
-        origin: where the match was found: ``"text"`` (the prompt and output so far), ``"corpus"`` (documents
-            the user gave) or ``"memory"`` (past outputs); set by the drafter that chose among them
-            (:meth:`~hf_spec.drafters.suffix.SuffixDrafter.propose`). A match in other documents predicts less
-            than one of the same length in the text itself (docs/benchmarks.md, the suffix drafter with a corpus).
+        origin: where the match was found: ``"text"`` (the prompt and output so far: :class:`SuffixTrie`),
+            ``"corpus"`` (documents the user gave) or ``"memory"`` (past outputs; both a :class:`SuffixArray`).
+            A match in other documents predicts less than one of the same length in the text itself
+            (docs/benchmarks.md, the suffix drafter with a corpus).
     """
 
     tokens: list[int]
@@ -341,9 +341,10 @@ class SuffixArray:
         return best
 
     def continuation(self, match_length: int, lo: int, hi: int, max_tokens: int, min_prob: float = 0.0,
-                     most_recent: bool = False) -> Proposal:
+                     most_recent: bool = False, origin: str = "corpus") -> Proposal:
         """Walk the sorted range: at each step the next token with the most occurrences (ties, and with
-        ``most_recent`` always: the one of the latest occurrence), narrowing the range to it."""
+        ``most_recent`` always: the one of the latest occurrence), narrowing the range to it. ``origin``: what
+        this array indexes, the proposal's :attr:`Proposal.origin` (``"corpus"`` or ``"memory"``)."""
         tokens, probs, cum, n = [], [], 1.0, match_length
         while len(tokens) < max_tokens and hi > lo:
             nxt = self._next_tokens(lo, hi, n)
@@ -369,7 +370,7 @@ class SuffixArray:
             probs.append(p)
             lo, hi = lo + first + int(starts[j]), lo + first + int(starts[j]) + int(counts[j])
             n += 1
-        return Proposal(tokens, probs, match_length if tokens else 0)
+        return Proposal(tokens, probs, match_length if tokens else 0, origin=origin)
 
 
 def _suffix_array(text: np.ndarray) -> np.ndarray:
