@@ -41,11 +41,22 @@ for k, m in names.items():
           + (f", tokens per target forward {tpf:.2f}" if tpf else ""))
 ratio = lambda f: statistics.median(f(s) for _, s in speed)
 faster = lambda f: sum(f(s) > 1 for _, s in speed)
-for label, f in (("draft / hf-assisted", lambda s: s['draft'] / s['hf-assisted']),
-                 ("suffix / hf-prompt-lookup", lambda s: s['suffix'] / s['hf-prompt-lookup']),
-                 ("hybrid / the better of draft and suffix", lambda s: s['hybrid'] / max(s['draft'], s['suffix']))):
-    print(f"{label}, median per prompt: {ratio(f):.3f} (faster on {faster(f)} of {len(speed)})")
+ratios = (("draft / hf-assisted", ("draft", "hf-assisted"), lambda s: s['draft'] / s['hf-assisted']),
+          ("suffix / hf-prompt-lookup", ("suffix", "hf-prompt-lookup"), lambda s: s['suffix'] / s['hf-prompt-lookup']),
+          ("hybrid / draft", ("hybrid", "draft"), lambda s: s['hybrid'] / s['draft']),
+          ("hybrid / the better of draft and suffix", ("hybrid", "draft", "suffix"),
+           lambda s: s['hybrid'] / max(s['draft'], s['suffix'])))
+for label, needs, f in ratios:
+    if all(n in names for n in needs):
+        print(f"{label}, median per prompt: {ratio(f):.3f} (faster on {faster(f)} of {len(speed)})")
+per_source = {}
+for p in d["prompts"]:
+    for k, v in p["runs"].get(names.get("hybrid", ""), {}).get("stats", {}).get("per_source", {}).items():
+        t = per_source.setdefault(k, [0, 0, 0])
+        t[0] += v["drafts"]; t[1] += v["draft_tokens"]; t[2] += v["accepted_tokens"]
+for k, (n, tokens, accepted) in per_source.items():
+    print(f"hybrid's {k} source: {n} drafts, {tokens} tokens, {accepted} accepted ({accepted / max(1, tokens):.1%})")
 print(f"hf-spec methods under 0.97x on a category median: {under}")
-print(f"identical outputs: {sum(r['identical'] for p in d['prompts'] for m, r in p['runs'].items() if m != 'baseline')}"
+print(f"identical outputs: {sum(bool(r['identical']) for p in d['prompts'] for m, r in p['runs'].items() if m != 'baseline')}"
       f" of {sum(1 for p in d['prompts'] for m in p['runs'] if m != 'baseline')}; not near-ties: "
       f"{[(p['question_id'], m) for p in d['prompts'] for m, r in p['runs'].items() if r.get('first_difference') and not r['first_difference'].get('near_tie')]}")
