@@ -230,16 +230,19 @@ def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) 
     return real
 
 
-def _depth_lists(parents: list[list[int]], reals: list[list[bool]]) -> list[list[int]]:
-    """:func:`tree_depths` on Python lists (the acceptance walks' bookkeeping: a few list operations a node, where a
-    tensor operation per node costs more than the walk itself); ``parents`` already checked."""
-    out = []
-    for ups, real in zip(parents, reals):
+def _tree_lists(parents: torch.Tensor, real: torch.Tensor) -> tuple[list[list[int]], list[list[bool]], list[list[int]]]:
+    """The acceptance walks' bookkeeping as Python lists (a few list operations a node, where a tensor operation per
+    node costs more than the walk itself): ``(parents, real, depths)``, each ``[B][N]``; a filler node's parent
+    reads -1 (never followed) and its depth 0, as in :func:`tree_depths`. ``parents`` already checked, ``real``
+    from :func:`check_parents`."""
+    parent_lists, reals = torch.where(real, parents, -1).tolist(), real.tolist()
+    depths = []
+    for ups, flags in zip(parent_lists, reals):
         depth = [0] * len(ups)
-        for j, (up, r) in enumerate(zip(ups, real)):
+        for j, (up, r) in enumerate(zip(ups, flags)):
             depth[j] = (depth[up] + 1 if up >= 0 else 1) if r else 0
-        out.append(depth)
-    return out
+        depths.append(depth)
+    return parent_lists, reals, depths
 
 
 def _accepted(parents: list[list[int]], depths: list[list[int]], last: list[int], device
@@ -295,9 +298,8 @@ def greedy_accept_tree(
     """
     _check_tree(tokens, parents, target_scores)
     n = tokens.shape[1]
-    real = check_parents(parents, num_nodes)
-    parent_lists, reals = torch.where(real, parents, -1).tolist(), real.tolist()  # filler: never read
-    toks, depths = tokens.tolist(), _depth_lists(parent_lists, reals)
+    parent_lists, reals, depths = _tree_lists(parents, check_parents(parents, num_nodes))
+    toks = tokens.tolist()
     last, following = [], []
     top = _Argmax(target_scores)  # on a CPU: the root's position, then those of accepted nodes only
     for b in range(len(toks)):
@@ -394,5 +396,5 @@ def speculative_sample_tree(
             following = column(j + 1)
             p = following if bool(accept.all()) else torch.where(accept[:, None], following, p)
     next_token = torch.multinomial(p / p.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
-    parent_lists, reals = torch.where(real, parents, -1).tolist(), real.tolist()
-    return (*_accepted(parent_lists, _depth_lists(parent_lists, reals), cur.tolist(), device), next_token)
+    parent_lists, _, depths = _tree_lists(parents, real)
+    return (*_accepted(parent_lists, depths, cur.tolist(), device), next_token)

@@ -168,8 +168,8 @@ def wrong_sibling_rule(tokens, parents, draft_probs, target_probs, generator=Non
         cur = torch.where(accept, j, cur)
         p = torch.where(accept[:, None], column(j + 1), p)
     nxt = torch.multinomial(p, 1).squeeze(1)
-    ups = parents.tolist()
-    return (*acceptance._accepted(ups, acceptance._depth_lists(ups, [[True] * n] * bsz), cur.tolist(), cur.device), nxt)
+    ups, _, depths = acceptance._tree_lists(parents, torch.ones_like(parents, dtype=torch.bool))
+    return (*acceptance._accepted(ups, depths, cur.tolist(), cur.device), nxt)
 
 
 @pytest.mark.parametrize("shape,mode", [("chain", "sampled"), ("wide", "sampled"), ("branchy", "sampled"),

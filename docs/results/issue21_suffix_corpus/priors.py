@@ -6,7 +6,7 @@ given the output. Prints per (source, match-length bucket of hybrid.SUFFIX_PRIOR
 acceptance, each later token's conditional acceptance; and the first token's acceptance by the proposal's own
 empirical probability of it.
 Run: .venv/bin/python docs/results/issue21_suffix_corpus/priors.py"""
-import json, math
+import json, sys
 from collections import defaultdict
 from pathlib import Path
 from transformers import AutoTokenizer
@@ -16,10 +16,12 @@ from hf_spec.models import cache_dir
 from hf_spec.prompts import load_questions, chat_inputs
 
 here = Path(__file__).parent
+sys.path.insert(0, str(here))
+from sim_corpus import suffix_step  # noqa: E402  (SuffixDrafter.propose's choice, origin included)
 rows = [json.loads(l) for l in (here / "corpus.jsonl").open()]
 questions = {q.question_id: q for q in load_questions()}
 tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "qwen2.5-coder-1.5b")
-K, FACTOR, MIN_PROB = 8, 4.0, 0.1
+K, MIN_PROB = 8, 0.1  # and at most 4 x the match length (sim_corpus.limit)
 first = defaultdict(lambda: [0, 0])   # (source, bucket) -> [proposals, first accepted]
 later = defaultdict(lambda: [0, 0])   # (source, bucket) -> [later positions reached, accepted]
 by_prob = defaultdict(lambda: [0, 0])  # (source, prob bin) -> [proposals, first accepted]
@@ -31,22 +33,12 @@ for i, r in enumerate(rows):
     state = trie.extend(prompt)
     pos = 0
     while pos < len(out):
-        n, node = trie.longest_match(state, 1, 16)
-        cands = []
-        if n:
-            cands.append(("text", trie.continuation(node, n, max(1, min(K, math.ceil(FACTOR * n))), MIN_PROB)))
-        m, lo, hi = corpus.match_of((prompt + out[:pos])[-16:], 1, 16)
-        if m and m >= n:
-            cands.append(("corpus", corpus.continuation(m, lo, hi, max(1, min(K, math.ceil(FACTOR * m))), MIN_PROB)))
-        best = None
-        for source, c in cands:
-            if best is None or (c.expected_accepted, c.match_length) > (best[1].expected_accepted, best[1].match_length):
-                best = (source, c)
+        c = suffix_step(trie, state, prompt + out[:pos], K, 0, MIN_PROB, corpus, 1, MIN_PROB)
         a = 0
-        if best is not None and best[1].tokens:
-            source, c = best
+        if c is not None and c.tokens:
             while a < len(c.tokens) and pos + a < len(out) and c.tokens[a] == out[pos + a]:
                 a += 1
+            source = c.origin
             key = (source, suffix_bucket(c.match_length))
             first[key][0] += 1
             first[key][1] += a >= 1

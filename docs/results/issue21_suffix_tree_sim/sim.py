@@ -10,8 +10,6 @@ from hf_spec.drafters.suffix_index import SuffixTrie
 from hf_spec.adaptive import forward_time
 
 here = Path(__file__).parent
-rows = [json.loads(l) for l in (here / "outputs.jsonl").open()]
-times = {int(k): v for k, v in json.loads((here / sys.argv[1] if len(sys.argv) > 1 else here / "times.json").read_text()).items()}
 
 
 def accept(tokens, parents, target):
@@ -65,24 +63,27 @@ def run(policy, prompt, out, memory=None):
     return forwards, positions, seconds
 
 
-policies = [("chain", 3, 0, 0.1), ("chain", 6, 0, 0.1), ("chain", 8, 0, 0.1), ("chain", 8, 0, 0.0),
-            ("tree", 8, 4, 0.1), ("tree", 8, 8, 0.1), ("tree", 8, 16, 0.1), ("tree", 8, 8, 0.05),
-            ("tree", 8, 16, 0.02), ("tree", 8, 24, 0.02), ("tree", 12, 16, 0.05)]
-print("times", times)
-from hf_spec.drafters.suffix_index import SuffixArray
-mem_mode = sys.argv[2] if len(sys.argv) > 2 else "none"
-for policy in policies:
-    ratios, tpf, ppf = [], [], []
-    cats = {}
-    for i, r in enumerate(rows):
-        others = [x["output"] for j, x in enumerate(rows) if (j < i if mem_mode == "earlier" else j != i)]
-        memory = SuffixArray(others) if mem_mode != "none" and others else None
-        f, p, s = run(policy, r["prompt"], r["output"], memory)
-        plain = len(r["output"]) * times[1]
-        ratios.append(plain / s)
-        tpf.append(len(r["output"]) / f)
-        ppf.append(p / f)
-        cats.setdefault(r["category"], []).append(plain / s)
-    print(f"{str(policy):28s} speedup median {statistics.median(ratios):.3f} mean {statistics.mean(ratios):.3f} "
-          f"tokens/forward {statistics.mean(tpf):.2f} positions/forward {statistics.mean(ppf):.2f}  "
-          + " ".join(f"{c[:5]}:{statistics.median(v):.2f}" for c, v in cats.items()))
+if __name__ == "__main__":  # importable: sim_corpus.py reuses accept()
+    rows = [json.loads(l) for l in (here / "outputs.jsonl").open()]
+    times = {int(k): v for k, v in json.loads((here / sys.argv[1] if len(sys.argv) > 1 else here / "times.json").read_text()).items()}
+    policies = [("chain", 3, 0, 0.1), ("chain", 6, 0, 0.1), ("chain", 8, 0, 0.1), ("chain", 8, 0, 0.0),
+                ("tree", 8, 4, 0.1), ("tree", 8, 8, 0.1), ("tree", 8, 16, 0.1), ("tree", 8, 8, 0.05),
+                ("tree", 8, 16, 0.02), ("tree", 8, 24, 0.02), ("tree", 12, 16, 0.05)]
+    print("times", times)
+    from hf_spec.drafters.suffix_index import SuffixArray
+    mem_mode = sys.argv[2] if len(sys.argv) > 2 else "none"
+    for policy in policies:
+        ratios, tpf, ppf = [], [], []
+        cats = {}
+        for i, r in enumerate(rows):
+            others = [x["output"] for j, x in enumerate(rows) if (j < i if mem_mode == "earlier" else j != i)]
+            memory = SuffixArray(others) if mem_mode != "none" and others else None
+            f, p, s = run(policy, r["prompt"], r["output"], memory)
+            plain = len(r["output"]) * times[1]
+            ratios.append(plain / s)
+            tpf.append(len(r["output"]) / f)
+            ppf.append(p / f)
+            cats.setdefault(r["category"], []).append(plain / s)
+        print(f"{str(policy):28s} speedup median {statistics.median(ratios):.3f} mean {statistics.mean(ratios):.3f} "
+              f"tokens/forward {statistics.mean(tpf):.2f} positions/forward {statistics.mean(ppf):.2f}  "
+              + " ".join(f"{c[:5]}:{statistics.median(v):.2f}" for c, v in cats.items()))
