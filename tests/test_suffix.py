@@ -618,3 +618,24 @@ def test_hybrid_tries_again_a_source_it_stopped_choosing(pair):
         steps.append(step)
     assert len(steps) < 59, "the model was never tried again"
     assert d.choose_source(4, match_length=1, k=3) == "model"
+
+
+def test_hybrid_keeps_pricing_a_source_at_what_it_measured_while_another_is_chosen(pair):
+    """A source that did better than its prior fades back to what this call measured for it, not to the prior: a
+    draft model accepted 5 of 6 tokens a draft, then unchosen for 40 steps while suffix drafts run, is still priced
+    near what it did (fading to the prior 0.5 priced it at 1.875 tokens a step for k = 3, and a 1-token suffix
+    match then beat it); one written off below its prior still drifts up to the prior (the test above)."""
+    target, draft = pair
+    d = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3)).start(target, torch.tensor([[5, 9, 2, 7]]),
+                                                                          GenerationConfig(max_length=512))
+    d._forward_s, d._model_s = {1: [0.1], 4: [0.1]}, [(0.03, 3, 3)]
+    for a in (3, 2, 3, 3, 3, 2):
+        d._model_acceptance.add(3, a, 3)
+    measured = d._model_acceptance.expected_tokens(3)
+    for step in range(1, 41):
+        d._chosen = [("suffix", 1, 3, "text")]
+        d.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([1]), seconds=0.1))
+    assert d._model_acceptance.reached[0] < 0.1  # the recent counts have faded away
+    faded = d._model_acceptance.expected_tokens(3)
+    assert 2.6 < faded <= measured  # the prior alone: 1 + 0.5 + 0.25 + 0.125 = 1.875
+    assert d.choose_source(4, match_length=1, k=3) == "model"

@@ -25,7 +25,9 @@ score is high enough, else with the model), the choice here is made by the cost 
 - each kind of draft's counts decay at every step, verified or not, so a source not chosen drifts back to the
   prior and is tried again: measured (issue 21, a coding prompt), the draft model written off on its first 3
   drafts (1 of 5 tokens accepted) was never chosen again while the suffix source drafted 39 times at 12%
-  acceptance, 1.28x against the draft model's 2.56x alone;
+  acceptance, 1.28x against the draft model's 2.56x alone; a source that did better than its prior drifts back
+  to what it measured when it last drafted, not to the prior (fading to the prior, a draft model accepted at about
+  0.7 a position was soon priced at 0.5 while suffix drafts were chosen, and lost steps to them under sampling);
 - costs in seconds: the target's forward over the positions each choice verifies (1 for plain decoding, 1 + the
   draft's length for a source; :func:`~hf_spec.adaptive.forward_time` over the medians of the last forwards
   reported at each number of positions, as adaptive k prices its k: where verifying more positions costs more,
@@ -140,11 +142,20 @@ PRIOR_WEIGHT = 3.0
 
 class _Acceptance:
     """Decayed per-position counts of one kind of draft: ``estimate(j)`` is the conditional acceptance at
-    position j, each position's counts plus :data:`PRIOR_WEIGHT` pseudo-observations at the prior: ``first`` for
-    the first position, ``later`` for each later one (``None``: the estimate of the position before)."""
+    position j, each position's counts plus :data:`PRIOR_WEIGHT` pseudo-observations at the position's fade
+    target: the larger of the prior (``first`` for the first position, ``later`` for each later one, ``None``: the
+    estimate of the position before) and what this call measured for the kind when it last drafted (its counts
+    decayed at its own drafts only, with the same pseudo-observations at the prior).
+
+    The counts fade at every step in which the kind was not verified, so a kind written off on a few drafts drifts
+    back to the prior and is tried again; a kind that did better than its prior drifts back to what it did, not
+    below it: fading to the prior, a draft model accepted at about 0.7 a position while suffix drafts were chosen
+    was soon priced at 0.5 and lost steps to 1-token suffix matches accepted 13% of the time (docs/benchmarks.md,
+    the hybrid under sampling)."""
 
     def __init__(self, decay: float, first: float = 0.5, later: float | None = None):
         self.decay, self.reached, self.accepted = decay, [], []
+        self.kept_reached, self.kept_accepted = [], []  # the same counts, decayed at this kind's drafts only
         self.first, self.later = first, later
 
     def add(self, num_drafted: int, num_accepted: int, asked: int | None = None) -> None:
@@ -153,18 +164,22 @@ class _Acceptance:
         so ``expected_tokens(k)`` is what a draft asked for k tokens emits."""
         n = min(num_accepted + 1, num_drafted if asked is None else max(asked, num_drafted))
         self.fade()
-        while len(self.reached) < n:
-            self.reached.append(0.0)
-            self.accepted.append(0.0)
-        for i in range(n):
-            self.reached[i] += 1
-        for i in range(min(num_accepted, num_drafted)):
-            self.accepted[i] += 1
+        self.kept_reached[:] = [r * self.decay for r in self.kept_reached]
+        self.kept_accepted[:] = [a * self.decay for a in self.kept_accepted]
+        for reached, accepted in ((self.reached, self.accepted), (self.kept_reached, self.kept_accepted)):
+            while len(reached) < n:
+                reached.append(0.0)
+                accepted.append(0.0)
+            for i in range(n):
+                reached[i] += 1
+            for i in range(min(num_accepted, num_drafted)):
+                accepted[i] += 1
 
     def fade(self) -> None:
         """Decay the counts by one observation's weight: before each verified draft (:meth:`add`), and at each step
-        in which this kind of draft was not verified, so that its estimate drifts back to the prior and the
-        source is tried again (a source written off on a few drafts would otherwise never be measured again)."""
+        in which this kind of draft was not verified, so that its estimate drifts back to its fade target (the
+        prior, or what the kind measured when it last drafted where that is higher) and a source written off on a
+        few drafts is tried again."""
         self.reached[:] = [r * self.decay for r in self.reached]
         self.accepted[:] = [a * self.decay for a in self.accepted]
 
@@ -174,6 +189,9 @@ class _Acceptance:
         total, cum, estimate = 1.0, 1.0, self.first * scale
         for i in range(length):
             prior = self.first * scale if i == 0 else estimate if self.later is None else self.later * scale
+            if i < len(self.kept_reached):
+                prior = max(prior, (self.kept_accepted[i] + PRIOR_WEIGHT * prior)
+                            / (self.kept_reached[i] + PRIOR_WEIGHT))
             estimate = ((self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
                         if i < len(self.reached) else prior)
             cum *= estimate
