@@ -639,3 +639,45 @@ def test_hybrid_keeps_pricing_a_source_at_what_it_measured_while_another_is_chos
     faded = d._model_acceptance.expected_tokens(3)
     assert 2.6 < faded <= measured  # the prior alone: 1 + 0.5 + 0.25 + 0.125 = 1.875
     assert d.choose_source(4, match_length=1, k=3) == "model"
+
+
+def _suffix_steps_until_the_model_is_tried_again(session) -> int:
+    """Steps of 1-token suffix matches (a quarter of their drafts accepting one token) a session takes after its
+    model's first 3 drafts of the call failed, until it chooses the model again (60: never)."""
+    session._forward_s, session._model_s = {1: [0.1], 4: [0.1], 5: [0.1]}, [(0.03, 3, 3)]
+    for step in range(1, 4):
+        session._chosen = [("model", 0, 3, "text")]
+        session.update(VerifyOutput(step=step, num_drafted=torch.tensor([3]), num_accepted=torch.tensor([0]),
+                                    seconds=0.1))
+    for step in range(4, 64):
+        if session.choose_source(4, match_length=1, k=3) != "suffix":
+            return step - 4
+        session._chosen = [("suffix", 1, 3, "text")]
+        session.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]),
+                                    num_accepted=torch.tensor([int(step % 4 == 0)]), seconds=0.1))
+    return 60
+
+
+def test_hybrid_carries_its_model_drafts_acceptance_from_call_to_call(pair):
+    """A drafter's model keeps its acceptance from call to call: after a call whose model drafts were accepted,
+    the next call's model prior is what they showed, not 0.5, and a model whose first drafts of a call fail is
+    tried again sooner than by a drafter that never ran (a sampled coding prompt: 3 failed model drafts, then 73
+    suffix drafts at 7%). Calls share the history through the drafter, not through one session."""
+    from hf_spec.drafters.hybrid import MODEL_PRIOR
+
+    target, draft = pair
+    prompt = torch.tensor([[5, 9, 2, 7]])
+    fresh = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3))
+    used = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3))
+    assert used.model_prior() == MODEL_PRIOR
+    earlier = used.start(target, prompt, GenerationConfig(max_length=512))
+    for step in range(1, 31):  # an earlier call: 4 in 5 model drafts accepted at their first token
+        earlier._chosen = [("model", 0, 3, "text")]
+        earlier.update(VerifyOutput(step=step, num_drafted=torch.tensor([3]),
+                                    num_accepted=torch.tensor([3 if step % 5 else 0]), seconds=0.1))
+    assert 0.7 < used.model_prior() < 0.8 and fresh.model_prior() == MODEL_PRIOR
+    session = used.start(target, prompt, GenerationConfig(max_length=512))
+    assert session._model_acceptance.first == pytest.approx(used.model_prior())
+    before = _suffix_steps_until_the_model_is_tried_again(fresh.start(target, prompt, GenerationConfig(max_length=512)))
+    after = _suffix_steps_until_the_model_is_tried_again(session)
+    assert after < before, (after, before)
