@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+import threading
 import time
 
 import torch
@@ -142,9 +143,11 @@ def merge_into_tree(tokens: list[int], parents: list[int], chain: list[int]) -> 
 #: the model drafter's prior first-token acceptance before it has drafted in any call of this drafter
 MODEL_PRIOR = 0.5
 
-#: weight kept per model draft by the first-token counts carried from call to call (:meth:`HybridDrafter.model_prior`):
-#: about the last 100 drafts, a few calls' worth
+#: weight kept per model draft (one row's) by the first-token counts carried from call to call
+#: (:meth:`HybridDrafter.model_prior`): about the last 100 drafts, a few single-row calls' worth
 HISTORY_DECAY = 0.99
+
+_HISTORY_LOCK = threading.Lock()  # calls in threads share their drafter's model history
 
 #: the weight of a prior, in observations: one let a model drafter's first two rejected drafts write it off (a
 #: translation prompt: 0 of 2, then no model draft for 10 steps where the model alone went on to accept 9 of 20)
@@ -153,10 +156,12 @@ PRIOR_WEIGHT = 3.0
 
 class _Acceptance:
     """Decayed per-position counts of one kind of draft: ``estimate(j)`` is the conditional acceptance at
-    position j, each position's counts plus :data:`PRIOR_WEIGHT` pseudo-observations at the position's fade
-    target: the larger of the prior (``first`` for the first position, ``later`` for each later one, ``None``: the
-    estimate of the position before) and what this call measured for the kind when it last drafted (its counts
-    decayed at its own drafts only, with the same pseudo-observations at the prior).
+    position j, each position's counts plus :data:`PRIOR_WEIGHT` pseudo-observations at the prior (``first`` for
+    the first position, ``later`` for each later one, ``None``: the estimate of the position before), plus the
+    weight its counts lost to fading since the kind last drafted, at the fade target: the larger of the prior and
+    the acceptance the counts showed then (kept apart, decayed at the kind's own drafts only). While the kind
+    drafts at every step nothing has faded and the estimate is its counts' with the prior's; when fully faded it is
+    the counts it had when it last drafted, with the prior's, or the prior where it did worse than that.
 
     The counts fade at every step in which the kind was not verified, so a kind written off on a few drafts drifts
     back to the prior and is tried again; a kind that did better than its prior drifts back to what it did, not
@@ -196,15 +201,18 @@ class _Acceptance:
 
     def expected_tokens(self, length: int, scale: float = 1.0) -> float:
         """``1 + sum_{i < length} prod_{j <= i} a_j``: tokens a step emits with a draft of ``length``, its priors
-        (``first``, a fixed ``later``) multiplied by ``scale``."""
+        (``first``, a fixed ``later``) multiplied by ``scale``, the weight faded since the kind last drafted at
+        its fade target (the class docstring)."""
         total, cum, estimate = 1.0, 1.0, self.first * scale
         for i in range(length):
             prior = self.first * scale if i == 0 else estimate if self.later is None else self.later * scale
-            if i < len(self.kept_reached):
-                prior = max(prior, (self.kept_accepted[i] + PRIOR_WEIGHT * prior)
-                            / (self.kept_reached[i] + PRIOR_WEIGHT))
-            estimate = ((self.accepted[i] + PRIOR_WEIGHT * prior) / (self.reached[i] + PRIOR_WEIGHT)
-                        if i < len(self.reached) else prior)
+            if i < len(self.reached):
+                kept = self.kept_reached[i]
+                target = max(prior, self.kept_accepted[i] / kept) if kept else prior
+                faded = max(0.0, kept - self.reached[i])
+                estimate = (self.accepted[i] + faded * target + PRIOR_WEIGHT * prior) / (kept + PRIOR_WEIGHT)
+            else:
+                estimate = prior
             cum *= estimate
             total += cum
         return total
@@ -244,8 +252,9 @@ class HybridDrafter(Drafter):
             raise ValueError(f"need 0 < decay < 1, got {decay!r}")
         self.model_drafter, self.suffix, self.decay = model_drafter, suffix, decay
         # the model drafts' first positions reached and accepted over this drafter's calls (decayed by
-        # HISTORY_DECAY per draft); one list shared by every call's session (start() copies shallowly)
-        self._model_history = [0.0, 0.0]
+        # HISTORY_DECAY per draft), greedy and sampled calls apart: do_sample -> [reached, accepted]; one dict shared
+        # by every call's session (start() copies shallowly)
+        self._model_history: dict[bool, list[float]] = {}
         super().__init__(num_speculative_tokens if num_speculative_tokens is not None
                          else model_drafter.num_speculative_tokens)
         self.returns_scores = model_drafter.returns_scores
@@ -308,7 +317,8 @@ class HybridDrafter(Drafter):
         # suffix drafts' counts by match-length bucket: matches in the text, and in a corpus or past outputs
         self._suffix_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in SUFFIX_PRIORS]
         self._corpus_acceptance = [_Acceptance(self.decay, first, later) for _, first, later in CORPUS_PRIORS]
-        self._model_acceptance = _Acceptance(self.decay, self.model_prior())
+        self._sampling = bool(self.generation_config is not None and self.generation_config.do_sample)
+        self._model_acceptance = _Acceptance(self.decay, self.model_prior(self._sampling))
         self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
         # (seconds, or None for a draft that caught up on a long stretch; k asked; levels drafted: a chain's tokens,
@@ -347,9 +357,10 @@ class HybridDrafter(Drafter):
                             else self._model_acceptance)
                     kind.add(d, a, None if source == "suffix" else asked)
                     if source == "model":
-                        history = self._model_history
-                        history[0] = history[0] * HISTORY_DECAY + 1
-                        history[1] = history[1] * HISTORY_DECAY + (a > 0)
+                        with _HISTORY_LOCK:
+                            history = self._model_history.setdefault(self._sampling, [0.0, 0.0])
+                            history[0] = history[0] * HISTORY_DECAY + 1
+                            history[1] = history[1] * HISTORY_DECAY + (a > 0)
                     if source == "suffix":
                         _, first, later = _priors(origin)[suffix_bucket(match_length)]
                         evidence = self._suffix_evidence
@@ -364,13 +375,15 @@ class HybridDrafter(Drafter):
         self._suffix.finish(outputs)
         self._model.finish(outputs)
 
-    def model_prior(self) -> float:
+    def model_prior(self, do_sample: bool = False) -> float:
         """The prior first-token acceptance of the model's drafts in a new call: the share of this drafter's model
-        drafts in its earlier calls (and this one so far) whose first token was accepted, the last ~100 weighted
-        (:data:`HISTORY_DECAY`), with :data:`PRIOR_WEIGHT` pseudo-drafts at :data:`MODEL_PRIOR`. The model and its
-        target stay the same from call to call, so their acceptance carries over where 0.5 did not know it (as
-        adaptive k carries the target's step time); a call's own drafts then move the estimate as before."""
-        reached, accepted = self._model_history
+        drafts (per row) in its earlier calls (and this one so far) whose first token was accepted, greedy and
+        sampled calls apart (``do_sample``: sampling accepts fewer), the last ~100 weighted (:data:`HISTORY_DECAY`),
+        with :data:`PRIOR_WEIGHT` pseudo-drafts at :data:`MODEL_PRIOR`. The drafter's model drafts for the same
+        target from call to call, so their acceptance carries over where 0.5 did not know it (as adaptive k carries
+        the target's step time); a call's own drafts then move the estimate as before."""
+        with _HISTORY_LOCK:
+            reached, accepted = self._model_history.get(bool(do_sample), (0.0, 0.0))
         return (accepted + PRIOR_WEIGHT * MODEL_PRIOR) / (reached + PRIOR_WEIGHT)
 
     def suffix_prior_scale(self) -> float:
