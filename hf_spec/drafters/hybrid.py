@@ -166,8 +166,8 @@ class _Acceptance:
     The counts fade at every step in which the kind was not verified, so a kind written off on a few drafts drifts
     back to the prior and is tried again; a kind that did better than its prior drifts back to what it did, not
     below it: fading to the prior, a draft model accepted at about 0.7 a position while suffix drafts were chosen
-    was soon priced at 0.5 and lost steps to 1-token suffix matches accepted 13% of the time (docs/benchmarks.md,
-    the hybrid under sampling)."""
+    was soon priced at 0.5 and lost steps to suffix proposals whose tokens were accepted 13% of the time
+    (docs/benchmarks.md, the hybrid under sampling)."""
 
     def __init__(self, decay: float, first: float = 0.5, later: float | None = None):
         self.decay, self.reached, self.accepted = decay, [], []
