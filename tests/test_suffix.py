@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -305,13 +306,23 @@ def test_corpus_texts_tokens_and_bad_input(pair):
     assert out.stats.num_accepted_tokens >= len(answer) - 4
     with pytest.raises(ValueError, match="tokenizer="):
         hf_spec.SuffixDrafter(corpus=["some text"])
-    for bad in ([object()], [[1.0, 2.0]], [torch.tensor([1.5, 2.0])]):  # floats were truncated to ids
+    # floats (numpy's too) were truncated to ids, bytes, numeric strings and booleans converted
+    for bad in ([object()], [[1.0, 2.0]], [torch.tensor([1.5, 2.0])], [np.array([1.5, 2.7], dtype=np.float32)],
+                [b"hello"], [["12", "7"]], [[True, False]], [torch.tensor([True])], [5]):
         with pytest.raises(ValueError, match="not a text or a sequence of integer token ids"):
             hf_spec.SuffixDrafter(corpus=bad)
+    for bad in (5, torch.tensor(5), b"ids"):
+        with pytest.raises(ValueError, match="corpus must be a list of documents"):
+            hf_spec.SuffixDrafter(corpus=bad)
+    with pytest.raises(ValueError, match=r"lone surrogate \(\\ud83d\) at character 4"):
+        hf_spec.SuffixDrafter(corpus=["abc \ud83d def"], tokenizer=lambda *a, **k: {"input_ids": [1]})
+    # integer arrays of any kind are token ids
+    assert len(hf_spec.SuffixDrafter(corpus=[np.array([3, 4], dtype=np.int32), (np.int64(5), 6)]).corpus) == 4
     with pytest.raises(ValueError, match="corpus is a mapping"):  # a tokenizer's output: iterating gives its keys
         hf_spec.SuffixDrafter(corpus={"input_ids": [[1, 2]], "attention_mask": [[1, 1]]})
-    with pytest.raises(ValueError, match=">= 0"):
-        hf_spec.SuffixDrafter(corpus=[[1, -2]])
+    for bad in ([[1, -2]], [[2 ** 63]]):  # 2**63 overflowed the index's int64 with a bare OverflowError
+        with pytest.raises(ValueError, match=">= 0"):
+            hf_spec.SuffixDrafter(corpus=bad)
     with pytest.raises(ValueError, match="logit rows"):
         _call(hf_spec.SuffixDrafter(corpus=[[10**6]]), target, prompt)
     with pytest.raises(ValueError, match="min_match"):

@@ -96,7 +96,8 @@ def read_corpus(paths) -> list[str] | None:
 
     Raises:
         ValueError: a file that does not exist or is a folder, one that is not UTF-8 text, or a ``.jsonl`` line
-            that is not an object with a ``"text"`` string (the message names the file and line).
+            that is not an object with a ``"text"`` string or whose text is not Unicode (a lone surrogate escape);
+            the message names the file and line.
     """
     if not paths:
         return None
@@ -125,6 +126,12 @@ def read_corpus(paths) -> list[str] | None:
             if not isinstance(text, str):
                 raise ValueError(f"--corpus {path}:{lineno}: each line of a .jsonl corpus must be a JSON object with a "
                                  "\"text\" string, e.g. {\"text\": \"an earlier answer\"}")
+            try:  # JSON may escape half of a surrogate pair (a string cut inside an emoji): no text to tokenize
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"--corpus {path}:{lineno}: the \"text\" holds a lone surrogate escape "
+                                 f"({text[e.start:e.end].encode('unicode_escape').decode()}), half of a character cut "
+                                 "in two; fix or drop that line") from None
             texts.append(text)
     return texts
 

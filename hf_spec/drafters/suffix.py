@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+import numbers
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -208,29 +209,70 @@ def _padded(rows: list[list[int]], fill: int) -> torch.LongTensor:
 
 
 def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
-    """The suffix array over ``corpus`` (texts, token-id sequences or tensors), or ``None`` for no corpus."""
+    """The suffix array over ``corpus`` (texts, token-id sequences or tensors), or ``None`` for no corpus.
+
+    Raises:
+        ValueError: a corpus that is not a collection of documents (a number, a mapping such as a tokenizer's
+            ``BatchEncoding``), texts without ``tokenizer``, a text that is not Unicode (a lone surrogate), or a
+            document that is not a text or a sequence of integer token ids in ``[0, 2**63)`` (floats, booleans,
+            bytes and numeric strings are refused rather than converted).
+    """
     if corpus is None:
         return None
     if isinstance(corpus, Mapping):  # e.g. a tokenizer's BatchEncoding: iterating it gives its keys
         raise ValueError(f"corpus is a mapping (keys {list(corpus)[:3]}): give the texts, or token-id sequences such as "
                          "a tokenizer's output['input_ids']")
-    if isinstance(corpus, str) or (isinstance(corpus, torch.Tensor) and corpus.dim() == 1):
+    if isinstance(corpus, str) or (_is_array(corpus) and corpus.ndim == 1):
         corpus = [corpus]
+    if isinstance(corpus, bytes) or not isinstance(corpus, Iterable) or (_is_array(corpus) and corpus.ndim == 0):
+        raise ValueError(f"corpus must be a list of documents (texts or token-id sequences), got "
+                         f"{type(corpus).__name__}")
     docs = []
     for i, doc in enumerate(corpus):
         if isinstance(doc, str):
             if tokenizer is None:
                 raise ValueError("the corpus holds texts: pass tokenizer= (the target's) to tokenize them, or give "
                                  "token-id sequences")
-            doc = tokenizer(doc, add_special_tokens=False)["input_ids"]
-        elif isinstance(doc, torch.Tensor):
-            doc = doc.reshape(-1).tolist()
-        try:
-            if any(isinstance(t, float) or (isinstance(t, torch.Tensor) and t.is_floating_point()) for t in doc):
-                raise TypeError
-            doc = [int(t) for t in doc]
-        except (TypeError, ValueError):
-            raise ValueError(f"corpus[{i}] is {type(doc).__name__}, not a text or a sequence of integer token ids: give "
-                             "texts (str) or token-id sequences") from None
-        docs.append(doc)
+            try:
+                doc.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer cannot take it
+                raise ValueError(f"corpus[{i}] is not Unicode text: a lone surrogate "
+                                 f"({doc[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}, "
+                                 "half of a character cut in two") from None
+            docs.append(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        else:
+            docs.append(_token_ids(doc, i))
     return SuffixArray(docs)
+
+
+def _is_array(x) -> bool:
+    """A torch tensor or a numpy array (anything with ``dtype``, ``ndim`` and ``tolist``)."""
+    return isinstance(x, torch.Tensor) or all(hasattr(x, a) for a in ("dtype", "ndim", "tolist"))
+
+
+def _token_ids(doc, i: int) -> list[int]:
+    """``corpus[i]`` as a list of token ids: an integer tensor or array (any shape, flattened) or a sequence of
+    integers; anything else, and ids outside ``[0, 2**63)``, raise ``ValueError``."""
+    bad = None
+    if _is_array(doc):
+        if isinstance(doc, torch.Tensor):
+            integer = not (doc.dtype.is_floating_point or doc.dtype.is_complex or doc.dtype == torch.bool)
+        else:  # numpy: signed or unsigned integers
+            integer = getattr(doc.dtype, "kind", "") in ("i", "u")
+        ids = doc.reshape(-1).tolist() if integer else None
+        bad = None if integer else f"an array of {doc.dtype}"
+    elif isinstance(doc, (bytes, bytearray, Mapping)) or not isinstance(doc, Iterable):
+        ids, bad = None, type(doc).__name__
+    else:
+        ids = list(doc)
+        wrong = next((t for t in ids if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if wrong is not None:
+            ids, bad = None, f"a sequence holding {wrong!r} ({type(wrong).__name__})"
+    if ids is None:
+        raise ValueError(f"corpus[{i}] is {bad}, not a text or a sequence of integer token ids: give texts (str) or "
+                         "token-id sequences (lists of int, integer tensors)")
+    ids = [int(t) for t in ids]
+    if ids and not (0 <= min(ids) and max(ids) < 2 ** 63):
+        raise ValueError(f"corpus[{i}] holds token id {min(ids) if min(ids) < 0 else max(ids)}: token ids are >= 0 and "
+                         "below the target's vocabulary size; tokenize with the target's tokenizer")
+    return ids
