@@ -200,6 +200,17 @@ def test_hybrid_tree_greedy_is_exact_with_both_sources_in_a_batch():
                                                                              e.sources) if s == "draft" and n > 1)
             assert all(len(p) <= nodes for e in steps for p in e.parents)
             assert out.stats.per_source["suffix"]["drafts"] and out.stats.per_source["draft"]["drafts"]
+    # a model drafter whose draft() returns a tree (the Drafter interface allows it) in a chain call: every row
+    # drafts a tree, suffix rows as chains in it (it crashed unpacking three values)
+    for inputs in INPUTS:
+        ref = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        events = []
+        out = target.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                              custom_generate=hf_spec.generate, event_listeners=[events.append],
+                              drafter=SuffixFirstHybrid(ModelTreeDrafter(draft, 3)))
+        assert out.tolist() == ref.tolist()
+        assert {"suffix", "model-tree"} <= {s for e in events[1:] for s in e.sources or ()}
+        assert any(e.parents for e in events[1:] if "model-tree" in (e.sources or ()))
     # a plain HybridDrafter (its own choice) drafts trees too, and a batch's rows leave it exact
     ref = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False)
     out = target.generate(**INPUTS[1], max_new_tokens=24, min_new_tokens=24, do_sample=False,

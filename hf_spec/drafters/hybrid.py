@@ -432,7 +432,10 @@ class HybridDrafter(Drafter):
         return max(("suffix", "model", "none"), key=lambda s: rates.get(s, -1.0))
 
     def draft(self, sequences, k):
-        return self._draft(sequences, k, 0)[:3]
+        """Each row's chosen source's chain; a tree for every row (suffix rows as chains in it) where the model
+        drafter's own :meth:`~hf_spec.drafters.base.Drafter.draft` returned one."""
+        tokens, num, scores, parents = self._draft(sequences, k, 0)
+        return (tokens, num, scores) if parents is None else (tokens, num, scores, parents)
 
     def draft_tree(self, sequences, k, num_nodes):
         """The tree form of :meth:`draft` (``num_tree_nodes`` in the call): each row's source is chosen as for a
@@ -488,9 +491,11 @@ class HybridDrafter(Drafter):
                 model_tokens, model_num, model_scores, model_parents = self._model.draft_tree(sequences, k,
                                                                                              model_nodes)
                 levels = int(tree_depths(model_parents, model_num).max()) if model_parents.shape[1] else 0
-            else:
-                model_tokens, model_num, model_scores = self._model.draft(sequences, k)
-                levels = model_tokens.shape[1]
+            else:  # a chain, or a tree where the model drafter's draft() returns one (the Drafter interface allows it)
+                model_tokens, model_num, model_scores, *rest = self._model.draft(sequences, k)
+                model_parents = rest[0] if rest else None
+                levels = (int(tree_depths(model_parents, model_num).max()) if model_parents is not None
+                          and model_parents.shape[1] else model_tokens.shape[1])
             # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens is in
             # the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own (catch_up_s),
             # and counted here too it kept the model from being chosen after its first draft. Its length still
@@ -513,7 +518,7 @@ class HybridDrafter(Drafter):
                     + [len(t) for t, _ in merged.values()] + [0])
         tokens = torch.zeros(n, width, dtype=torch.long)
         num = torch.zeros(n, dtype=torch.long)
-        parents = torch.full((n, width), -1, dtype=torch.long) if num_nodes else None
+        parents = torch.full((n, width), -1, dtype=torch.long) if num_nodes or model_parents is not None else None
         scores = None
         if self.returns_scores and self.generation_config.do_sample and (model_scores is not None or not num_nodes):
             # model rows keep their q, suffix rows one-hot
