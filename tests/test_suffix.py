@@ -386,6 +386,25 @@ def test_ngram_drafter_proposes_what_prompt_lookup_did(seed, pair):
         assert new[:len(old)] == old and (len(new) == len(old) or len(old) < k)
 
 
+@pytest.mark.parametrize("make", [lambda k: hf_spec.NgramDrafter(k),
+                                  lambda k: hf_spec.SuffixDrafter(k, max_spec_factor=math.inf)], ids=["ngram", "suffix"])
+def test_a_huge_k_keeps_the_index_bounded_and_proposes_up_to_its_depth(make, pair):
+    """A k of 10,000 (``prompt_lookup_num_tokens=10000``) had made the call's index k deep: a node per token and
+    depth, millions on a few thousand tokens; the continuation indexed is capped at MAX_CONTINUATION tokens, and a
+    proposal from a long repeat runs to it."""
+    from hf_spec.drafters.suffix import MAX_CONTINUATION
+
+    rng = random.Random(0)
+    text = [rng.randrange(1, 100) for _ in range(300)]
+    seq = torch.tensor(text + text[:5])  # the text, then its start again: 295 tokens follow the match
+    d = make(10_000).start(pair[0], seq[None], GenerationConfig())
+    tokens, num, _ = d.draft([seq], 10_000)
+    assert d._trie.max_depth == d.max_match + MAX_CONTINUATION
+    assert len(d._trie) <= len(seq) * d._trie.max_depth
+    n = int(num[0])  # the depth left below the match (5 tokens, or max_ngram)
+    assert MAX_CONTINUATION <= n < d._trie.max_depth and tokens[0, :n].tolist() == text[5:5 + n]
+
+
 def test_hybrid_chooses_by_predicted_tokens_per_second(pair):
     """The hybrid drafter's choice per row: the source with the most expected tokens per second from measured
     acceptance and times, plain decoding (one token per forward) included."""

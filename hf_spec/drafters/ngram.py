@@ -23,7 +23,8 @@ __all__ = ["NgramDrafter"]
 class NgramDrafter(SuffixDrafter):
     """Prompt lookup: match the longest suffix (``max_ngram`` down to ``min_ngram`` tokens) earlier in the
     sequence and propose the up to k tokens that followed its most recent occurrence (at most 16 past the
-    match, the index's depth beyond ``max_ngram``, or k when k is larger). Deterministic (one-hot q).
+    match, the index's depth beyond ``max_ngram``, or k when k is larger, up to
+    :data:`~hf_spec.drafters.suffix.MAX_CONTINUATION`). Deterministic (one-hot q).
 
     Args:
         num_speculative_tokens: k, the most tokens proposed per step (>= 1; default
