@@ -271,7 +271,7 @@ def test_remembered_outputs_are_bounded_and_drafted_from(pair):
         rng = random.Random(seed)
         outputs = [[rng.randrange(9) for _ in range(rng.randint(1, 14))] for _ in range(6)]
         d.finish([torch.tensor(o) for o in outputs])
-        kept = list(d.memory.documents)
+        kept = [doc.tolist() for doc in d.memory.documents]
         assert sum(map(len, kept)) == d.memory.num_tokens <= 30
         assert kept[-1] == outputs[-1][-30:]  # the newest always stays
         fresh = SuffixArray(kept)

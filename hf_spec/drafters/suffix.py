@@ -22,6 +22,7 @@ from collections import deque
 import numbers
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import torch
 
 from .base import Drafter, logit_rows
@@ -44,16 +45,19 @@ class _Memory:
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
-        self.documents: deque[list[int]] = deque()
+        self.documents: deque[np.ndarray] = deque()  # int64 token ids: a list of Python ints cost 36 bytes a token
         self.num_tokens = 0
         self.index: SuffixArray | None = None
         self._lock = threading.Lock()
 
-    def add(self, outputs: list[list[int]]) -> None:
+    def add(self, outputs) -> None:
+        """Keep ``outputs`` (token-id tensors or sequences, one per generated text), evict the oldest beyond
+        ``max_tokens``, and swap in the rebuilt index."""
         with self._lock:
             for doc in outputs:
-                doc = doc[-self.max_tokens:]
-                if doc:
+                doc = (doc.detach().cpu().numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc))
+                doc = doc.reshape(-1)[-self.max_tokens:].astype(np.int64)
+                if len(doc):
                     self.documents.append(doc)
                     self.num_tokens += len(doc)
             while self.num_tokens > self.max_tokens:
@@ -73,7 +77,8 @@ class SuffixDrafter(Drafter):
             every call.
         tokenizer: the target's tokenizer; needed when ``corpus`` holds texts.
         remember_outputs: keep up to this many tokens of this drafter's own generated outputs (across calls,
-            oldest dropped first) and draft from them too; 0 (default) keeps none. Memory: ~24 bytes a token.
+            oldest dropped first) and draft from them too; 0 (default) keeps none. Memory: 24 bytes a token (the
+            tokens and a suffix array over them, int64).
         max_match: the longest suffix matched (tokens, >= min_match).
         min_match: the shortest suffix matched (tokens, >= 1).
         max_spec_factor: at most ``ceil(max_spec_factor * n)`` tokens are proposed after a match of n tokens
@@ -144,7 +149,7 @@ class SuffixDrafter(Drafter):
 
     def finish(self, outputs) -> None:
         if self.memory is not None:
-            self.memory.add([o.tolist() for o in outputs])
+            self.memory.add(list(outputs))
 
     def index(self, sequences: list[torch.LongTensor]) -> None:
         """Bring the call's trie up to date: each row's tokens not indexed yet (the prompt at the first draft,
@@ -247,7 +252,7 @@ def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
                 raise ValueError(f"corpus[{i}] is not Unicode text: a lone surrogate "
                                  f"({doc[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}, "
                                  "half of a character cut in two") from None
-            docs.append(tokenizer(doc, add_special_tokens=False)["input_ids"])
+            docs.append(np.asarray(tokenizer(doc, add_special_tokens=False)["input_ids"], dtype=np.int64))
         else:
             docs.append(_token_ids(doc, i))
     return SuffixArray(docs)
@@ -258,8 +263,8 @@ def _is_array(x) -> bool:
     return isinstance(x, torch.Tensor) or all(hasattr(x, a) for a in ("dtype", "ndim", "tolist"))
 
 
-def _token_ids(doc, i: int) -> list[int]:
-    """``corpus[i]`` as a list of token ids: an integer tensor or array (any shape, flattened) or a sequence of
+def _token_ids(doc, i: int) -> np.ndarray:
+    """``corpus[i]`` as int64 token ids: an integer tensor or array (any shape, flattened) or a sequence of
     integers; anything else, and ids outside ``[0, 2**63)``, raise ``ValueError``."""
     bad = None
     if _is_array(doc):
@@ -279,8 +284,8 @@ def _token_ids(doc, i: int) -> list[int]:
     if ids is None:
         raise ValueError(f"corpus[{i}] is {bad}, not a text or a sequence of integer token ids: give texts (str) or "
                          "token-id sequences (lists of int, integer tensors)")
-    ids = [int(t) for t in ids]
-    if ids and not (0 <= min(ids) and max(ids) < 2 ** 63):
-        raise ValueError(f"corpus[{i}] holds token id {min(ids) if min(ids) < 0 else max(ids)}: token ids are >= 0 and "
-                         "below the target's vocabulary size; tokenize with the target's tokenizer")
-    return ids
+    low, high = (min(ids), max(ids)) if ids else (0, 0)
+    if not (0 <= low and high < 2 ** 63):
+        raise ValueError(f"corpus[{i}] holds token id {low if low < 0 else high}: token ids are >= 0 and below the "
+                         "target's vocabulary size; tokenize with the target's tokenizer")
+    return np.asarray(ids, dtype=np.int64)
