@@ -20,7 +20,7 @@ import types
 import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
 
-from .drafters.base import Drafter
+from .drafters.base import Drafter, check_num_speculative_tokens
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
 from .loop import ending_streamer
@@ -112,12 +112,15 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
         threshold = setting("assistant_confidence_threshold")
-        drafter = DraftModelDrafter(assistant, setting("num_assistant_tokens"),
+        k = setting("num_assistant_tokens")
+        k = None if k is None else check_num_speculative_tokens(k, "num_assistant_tokens")
+        drafter = DraftModelDrafter(assistant, k,
                                     **({} if threshold is None else {"confidence_threshold": float(threshold)}))
         if setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
             kwargs["num_speculative_tokens"] = "auto"
     elif lookup is not None:
-        drafter = NgramDrafter(lookup, max_ngram=setting("max_matching_ngram_size") or 2, min_ngram=1)
+        drafter = NgramDrafter(check_num_speculative_tokens(lookup, "prompt_lookup_num_tokens"),
+                               max_ngram=setting("max_matching_ngram_size") or 2, min_ngram=1)
     else:
         return None
     if model.generation_config.stop_strings is not None:

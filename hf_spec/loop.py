@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import numbers
 import sys
 from dataclasses import dataclass
 from typing import Iterable
@@ -528,8 +529,10 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
         sizer = copy.copy(num_tree_nodes)
     elif isinstance(num_tree_nodes, str) and num_tree_nodes == "auto":
         sizer = TreeSize()
-    elif isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, int) or num_tree_nodes < 0:
+    elif isinstance(num_tree_nodes, bool) or not isinstance(num_tree_nodes, numbers.Integral) or num_tree_nodes < 0:
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
+    else:
+        num_tree_nodes = int(num_tree_nodes)  # numpy integers too, as num_speculative_tokens
     if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
         inner = getattr(drafter, "model_drafter", None)
         if inner is not None:  # a hybrid draws trees where its model drafter does

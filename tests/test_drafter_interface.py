@@ -311,6 +311,9 @@ def test_registry_builds_every_spec_with_one_default_k():
     import numpy as np
 
     assert make_drafter("ngram", num_speculative_tokens=np.int64(4)).num_speculative_tokens == 4
+    # a drafter's own k is a number: its message said '"auto"' was allowed while refusing it
+    with pytest.raises(ValueError, match="SuffixDrafter's own k is a number: \"auto\" is chosen per call"):
+        hf_spec.SuffixDrafter("auto")
 
 
 def test_a_drafters_default_k_fits_what_it_can_propose():

@@ -224,6 +224,12 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     check(model.generate(PROMPT, assistant_model=draft, generation_config=config, **kw), hf_spec.DraftModelDrafter, 6)
     assert set(thresholds) == {0.2}
 
+    # a bad setting is named as the call gave it (it was blamed on num_speculative_tokens, which it never passed)
+    for bad in ({"prompt_lookup_num_tokens": 0}, {"assistant_model": draft, "num_assistant_tokens": 0}):
+        with pytest.raises(ValueError, match=f"{[key for key in bad if key != 'assistant_model'][0]} must be an "
+                                             "integer >= 1, got 0.*leave it unset"):
+            model.generate(PROMPT, **bad, **kw)
+
     # set permanently on the model, as transformers reads it too
     model.generation_config.prompt_lookup_num_tokens = 4
     check(model.generate(PROMPT, **kw), hf_spec.NgramDrafter, 4)

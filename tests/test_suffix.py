@@ -294,7 +294,7 @@ def test_a_proposal_names_the_source_its_match_is_in(pair):
         assert (p.origin, p.tokens[:len(tokens)]) == (origin, tokens)
 
 
-def test_corpus_texts_tokens_and_bad_input(pair):
+def test_corpus_texts_tokens_and_bad_input(pair, monkeypatch):
     target, _ = pair
     prompt = [5, 9, 2, 7]
     plain = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
@@ -329,8 +329,20 @@ def test_corpus_texts_tokens_and_bad_input(pair):
         hf_spec.SuffixDrafter(min_match=0)
     with pytest.raises(ValueError, match="max_spec_factor"):
         hf_spec.SuffixDrafter(max_spec_factor=float("nan"))
-    with pytest.raises(ValueError, match="remember_outputs"):
-        hf_spec.SuffixDrafter(remember_outputs=-1)
+    for bad in (-1, True):  # True was read as 1 token
+        with pytest.raises(ValueError, match="remember_outputs"):
+            hf_spec.SuffixDrafter(remember_outputs=bad)
+    with pytest.raises(ValueError, match="min_match"):
+        hf_spec.SuffixDrafter(max_match=True)
+    # the hybrid's corpus is checked before its draft model loads (it was refused 18 s later)
+    import hf_spec.drafters.registry as registry
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the corpus was checked")
+    monkeypatch.setattr(registry, "make_drafter", no_model)
+    with pytest.raises(ValueError, match="tokenizer="):
+        hf_spec.HybridDrafter.from_spec("draft:smollm2-135m", corpus=["some text"])
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="does not draft from a corpus"):
         hf_spec.make_drafter("ngram", corpus=["x"])
 

@@ -647,6 +647,10 @@ def test_medusa_tree_greedy_is_exact_and_bad_trees_are_refused():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="num_tree_nodes must be an integer"):
             target.generate(prompt, drafter=hf_spec.MedusaDrafter(heads, 3), num_tree_nodes=bad, **kw)
+    import numpy as np  # numpy integers are integers, as for num_speculative_tokens
+
+    assert torch.equal(target.generate(prompt, drafter=hf_spec.MedusaDrafter(heads, 3), num_tree_nodes=np.int64(4),
+                                       **kw), target.generate(prompt, max_new_tokens=4, do_sample=False))
 
 
 def test_medusa_measures_each_heads_rank_accuracy_from_what_the_target_emitted():

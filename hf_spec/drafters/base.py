@@ -45,8 +45,9 @@ __all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_n
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
 
-def check_num_speculative_tokens(k) -> int:
-    """Validate k (``num_speculative_tokens``): an integer >= 1 (numpy integers too); returns it as an ``int``.
+def check_num_speculative_tokens(k, name: str = "num_speculative_tokens") -> int:
+    """Validate k (``num_speculative_tokens``, or the setting ``name`` that gives it, such as transformers'
+    ``prompt_lookup_num_tokens``): an integer >= 1 (numpy integers too); returns it as an ``int``.
 
     Raises:
         ValueError: k is not an integer >= 1.
@@ -54,10 +55,11 @@ def check_num_speculative_tokens(k) -> int:
     if not isinstance(k, bool) and isinstance(k, numbers.Integral):
         k = int(k)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        auto = " or \"auto\"" if name == "num_speculative_tokens" else ""
         raise ValueError(
-            f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (3 is a good "
-            "start), \"auto\" to let hf-spec choose per step, or drafter=None to decode without speculation"
-        )
+            f"{name} must be an integer >= 1{auto}, got {k!r}; use 1..12 (3 is a good start)"
+            + (", \"auto\" to let hf-spec choose per step," if auto else "")
+            + (" or drafter=None" if auto else " or leave it unset") + " to decode without speculation")
     return k
 
 
@@ -146,7 +148,8 @@ class Drafter:
             each step's k to :meth:`draft`.
 
     Raises:
-        ValueError: ``num_speculative_tokens`` < 1, or above :attr:`max_num_speculative_tokens`.
+        ValueError: ``num_speculative_tokens`` not an integer >= 1 (``"auto"`` included: that is a call's choice),
+            or above :attr:`max_num_speculative_tokens`.
 
     Subclasses implement :meth:`draft` and, as they need them, :meth:`prepare` (per-call state),
     :meth:`update` (what the target computed), :meth:`select_rows` (per-row state when rows leave the batch),
@@ -187,6 +190,10 @@ class Drafter:
         if num_speculative_tokens is None:
             k = self.default_num_speculative_tokens if cap is None else min(self.default_num_speculative_tokens, cap)
         else:
+            if isinstance(num_speculative_tokens, str) and num_speculative_tokens == "auto":
+                raise ValueError(f"a {type(self).__name__}'s own k is a number: \"auto\" is chosen per call; build "
+                                 "the drafter with its own k (or none) and pass num_speculative_tokens=\"auto\" to "
+                                 "generate")
             k = check_num_speculative_tokens(num_speculative_tokens)
             if cap is not None and k > cap:
                 raise ValueError(f"num_speculative_tokens={k} but this {self.method} drafter proposes at most {cap} "

@@ -302,12 +302,14 @@ class HybridDrafter(Drafter):
     @classmethod
     def from_spec(cls, argument, *, num_speculative_tokens=None, target=None, tokenizer=None, draft_dtype=None,
                   corpus=None):
-        """Build the inner model drafter from its spec, and a :class:`SuffixDrafter` with ``corpus``."""
+        """Build a :class:`SuffixDrafter` with ``corpus`` (first: a bad corpus is refused before a model loads), and
+        the inner model drafter from its spec."""
         from .registry import make_drafter
 
+        suffix = SuffixDrafter(corpus=corpus, tokenizer=tokenizer)
         model = make_drafter(str(cls._inner(argument)), num_speculative_tokens=num_speculative_tokens, target=target,
                              tokenizer=tokenizer, draft_dtype=draft_dtype or "auto")
-        return cls(model, SuffixDrafter(corpus=corpus, tokenizer=tokenizer), num_speculative_tokens)
+        return cls(model, suffix, num_speculative_tokens)
 
     # ---- one call -------------------------------------------------------------------------------
     def prepare(self, target, input_ids) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from .base import Drafter
-from .suffix import SuffixDrafter
+from .suffix import SuffixDrafter, _count
 
 __all__ = ["NgramDrafter"]
 
@@ -43,7 +43,7 @@ class NgramDrafter(SuffixDrafter):
     draft_tree = Drafter.draft_tree  # (SuffixDrafter's trees rank by frequency, which prompt lookup does not)
 
     def __init__(self, num_speculative_tokens: int | None = None, max_ngram: int = 3, min_ngram: int = 1):
-        if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
+        if not (_count(min_ngram) and _count(max_ngram) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         super().__init__(num_speculative_tokens, max_match=max_ngram, min_match=min_ngram,
                          max_spec_factor=math.inf, min_token_prob=0.0)

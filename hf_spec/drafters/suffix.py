@@ -101,18 +101,18 @@ class SuffixDrafter(Drafter):
                  remember_outputs: int = 0, max_match: int = 16, min_match: int = 1, max_spec_factor: float = 4.0,
                  min_token_prob: float = 0.1):
         super().__init__(num_speculative_tokens)
-        if not (isinstance(min_match, int) and isinstance(max_match, int) and 1 <= min_match <= max_match):
+        if not (_count(min_match) and _count(max_match) and 1 <= min_match <= max_match):
             raise ValueError(f"need integers 1 <= min_match <= max_match, got min_match={min_match!r}, "
                              f"max_match={max_match!r}")
         if not (max_spec_factor > 0) or not (0 <= min_token_prob <= 1):  # NaN fails too
             raise ValueError(f"need max_spec_factor > 0 and 0 <= min_token_prob <= 1, got {max_spec_factor!r}, "
                              f"{min_token_prob!r}")
-        if not (isinstance(remember_outputs, int) and remember_outputs >= 0):
+        if not (_count(remember_outputs) and remember_outputs >= 0):
             raise ValueError(f"remember_outputs must be a number of tokens >= 0, got {remember_outputs!r}")
-        self.max_match, self.min_match = max_match, min_match
+        self.max_match, self.min_match = int(max_match), int(min_match)
         self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
         self.corpus = _corpus_index(corpus, tokenizer)
-        self.memory = _Memory(remember_outputs) if remember_outputs else None
+        self.memory = _Memory(int(remember_outputs)) if remember_outputs else None
         self._trie: SuffixTrie | None = None
         self._states: list[list[int]] = []
         self._indexed: list[int] = []
@@ -213,6 +213,11 @@ class SuffixDrafter(Drafter):
         parents = [p.parents if p.parents is not None else list(range(-1, len(p.tokens) - 1)) for p in found]
         return (_padded([p.tokens for p in found], 0), torch.tensor([len(p.tokens) for p in found], dtype=torch.long),
                 None, _padded(parents, -1))
+
+
+def _count(x) -> bool:
+    """An integer setting (numpy's too), not a boolean: ``True`` read as 1 hid a misread option."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _padded(rows: list[list[int]], fill: int) -> torch.LongTensor:
