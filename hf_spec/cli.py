@@ -69,9 +69,9 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earlier answers), for --drafter suffix or "
-               "hybrid:draft:MODEL: a text file is one document, a .jsonl file one document a line ({\"text\": ...}); "
-               "tokenized with the target's tokenizer")
+CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earlier answers), for the drafters suffix "
+               "and hybrid:draft:MODEL: a text file is one document, a .jsonl file one document a line "
+               "({\"text\": ...}); tokenized with the target's tokenizer")
 K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; a Medusa checkpoint's head "
           "count), or auto: chosen before each step from running measurements, speculation switched off where it "
           "does not pay")
