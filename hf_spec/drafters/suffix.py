@@ -17,9 +17,9 @@ output keeps the target's distribution whatever is proposed.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections import deque
-import numbers
 from collections.abc import Iterable, Mapping
 
 import numpy as np
