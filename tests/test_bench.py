@@ -122,6 +122,7 @@ def test_bench_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["num_prompts"] == 2 and res["config"]["categories"] == ["coding", "qa"]
+    assert res["config"]["seed"] == 0  # the default, recorded: sampled runs under several seeds are told apart
     names = ["baseline"] + [f"{m}@k={k}" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "hybrid:draft:smollm2-135m", "hf-assisted",
                                                    "hf-prompt-lookup") for k in (1, 2)]
     autos = [f"{m}@k=auto" for m in ("draft:smollm2-135m", "medusa:smollm2-135m", "hybrid:draft:smollm2-135m")]

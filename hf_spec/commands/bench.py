@@ -68,7 +68,8 @@ def run_bench_command(args) -> int:
     config = dict(machine, target=args.target, methods=args.methods, draft=args.draft, ks=ks, num_prompts=len(questions),
                   trees=args.tree, categories=list(dict.fromkeys(q.category for q in questions)),
                   max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, sampling=sampling, repeats=args.repeats, dtype=str(dtype).replace("torch.", ""),
+                  temperature=args.temperature, sampling=sampling, repeats=args.repeats, seed=args.seed,
+                  dtype=str(dtype).replace("torch.", ""),
                   draft_dtype=str(draft_dtype).replace("torch.", "") if _runs_a_draft_model(methods) else None,
                   device_map=device_map, device=str(target.device),
                   command="hf-spec " + " ".join(sys.argv[1:]))
