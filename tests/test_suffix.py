@@ -704,6 +704,33 @@ def _suffix_steps_until_the_model_is_tried_again(session) -> int:
     return 60
 
 
+def test_hybrid_carries_what_its_suffix_drafts_showed_from_call_to_call(pair):
+    """The suffix priors (measured on greedy outputs) promise too much under sampling; a call learned that
+    afresh each time (RAG under sampling: its failed suffix drafts came in the first 15 steps, at a scale of 1).
+    A new call's scale starts where the drafter's earlier calls of the same kind (greedy or sampled) left it."""
+    target, draft = pair
+    prompt = torch.tensor([[5, 9, 2, 7]])
+    used = hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 3))
+    sampled = GenerationConfig(max_length=512, do_sample=True)
+    earlier = used.start(target, prompt, sampled)
+    assert earlier.suffix_prior_scale() == 1.0
+    for step in range(1, 11):  # a sampled call: 2-token suffix matches, 1 token in 10 drafts accepted
+        earlier._chosen = [("suffix", 2, 3, "text")]
+        earlier.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]),
+                                    num_accepted=torch.tensor([int(step == 5)]), seconds=0.1))
+    carried = used.suffix_history_scale(do_sample=True)
+    assert carried < 0.5 and used.suffix_history_scale(do_sample=False) == 1.0  # greedy calls: nothing learned
+    session = used.start(target, prompt, sampled)
+    assert session.suffix_prior_scale() == pytest.approx(carried)
+    assert used.start(target, prompt, GenerationConfig(max_length=512)).suffix_prior_scale() == 1.0
+    # a call's own drafts still move it: a run of accepted drafts takes it back up
+    for step in range(1, 11):
+        session._chosen = [("suffix", 2, 3, "text")]
+        session.update(VerifyOutput(step=step, num_drafted=torch.tensor([4]), num_accepted=torch.tensor([4]),
+                                    seconds=0.1))
+    assert session.suffix_prior_scale() > carried
+
+
 def test_hybrid_carries_its_model_drafts_acceptance_from_call_to_call(pair):
     """A drafter's model keeps its acceptance from call to call: after a call whose model drafts were accepted,
     the next call's model prior is what they showed, not 0.5, and a model whose first drafts of a call fail is

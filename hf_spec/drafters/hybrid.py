@@ -18,7 +18,8 @@ score is high enough, else with the model), the choice here is made by the cost 
   (accepted about a quarter of the time) beat an unmeasured model, and judged long matches (three quarters) as
   weak as short ones. Those priors come from greedy outputs; all of them are multiplied by how this call's
   suffix drafts fared against them, pooled over the buckets (:meth:`HybridDrafter.suffix_prior_scale`, at most
-  1): when sampling, a one-hot token is accepted with the target's probability of it, and a bucket learning that
+  1, starting where the drafter's earlier calls of the same kind, greedy or sampled, left it:
+  :meth:`HybridDrafter.suffix_history_scale`): when sampling, a one-hot token is accepted with the target's probability of it, and a bucket learning that
   alone paid a step per failed draft;
 - the model's: the conditional acceptance measured for its drafts at position j, for the step's k (prior for the
   first position: the first-token acceptance of this drafter's model drafts in its earlier calls,
@@ -255,6 +256,8 @@ class HybridDrafter(Drafter):
         # HISTORY_DECAY per draft), greedy and sampled calls apart: do_sample -> [reached, accepted]; one dict shared
         # by every call's session (start() copies shallowly)
         self._model_history: dict[bool, list[float]] = {}
+        # the same for its suffix drafts' evidence (suffix_prior_scale): do_sample -> [accepted, expected] tokens
+        self._suffix_history: dict[bool, list[float]] = {}
         super().__init__(num_speculative_tokens if num_speculative_tokens is not None
                          else model_drafter.num_speculative_tokens)
         self.returns_scores = model_drafter.returns_scores
@@ -322,6 +325,7 @@ class HybridDrafter(Drafter):
         self._sampling = bool(self.generation_config is not None and self.generation_config.do_sample)
         self._model_acceptance = _Acceptance(self.decay, self.model_prior(self._sampling))
         self._suffix_evidence = [0.0, 0.0]  # suffix draft tokens accepted, and those the priors expected (decayed)
+        self._suffix_scale_prior = self.suffix_history_scale(self._sampling)
         self._forward_s: dict[int, list[float]] = {}  # positions per row verified -> the latest forwards' seconds
         # (seconds, or None for a draft that caught up on a long stretch; k asked; levels drafted: a chain's tokens,
         # a tree's depth) of its latest drafts
@@ -365,9 +369,14 @@ class HybridDrafter(Drafter):
                             history[1] = history[1] * HISTORY_DECAY + (a > 0)
                     if source == "suffix":
                         _, first, later = _priors(origin)[suffix_bucket(match_length)]
+                        expected = first + later * (min(a + 1, d) - 1)
                         evidence = self._suffix_evidence
                         evidence[0] = evidence[0] * self.decay + min(a, d)
-                        evidence[1] = evidence[1] * self.decay + first + later * (min(a + 1, d) - 1)
+                        evidence[1] = evidence[1] * self.decay + expected
+                        with _HISTORY_LOCK:
+                            history = self._suffix_history.setdefault(self._sampling, [0.0, 0.0])
+                            history[0] = history[0] * HISTORY_DECAY + min(a, d)
+                            history[1] = history[1] * HISTORY_DECAY + expected
                     unverified = [u for u in unverified if u is not kind]
             for kind in unverified:
                 kind.fade()
@@ -388,10 +397,22 @@ class HybridDrafter(Drafter):
             reached, accepted = self._model_history.get(bool(do_sample), (0.0, 0.0))
         return (accepted + PRIOR_WEIGHT * MODEL_PRIOR) / (reached + PRIOR_WEIGHT)
 
+    def suffix_history_scale(self, do_sample: bool = False) -> float:
+        """Where a new call's :meth:`suffix_prior_scale` starts: the suffix draft tokens this drafter's earlier calls
+        (and this one so far) had accepted over those the priors expected, greedy and sampled calls apart, the last
+        ~100 suffix drafts weighted (:data:`HISTORY_DECAY`), with :data:`PRIOR_WEIGHT` pseudo-tokens at 1; at most 1.
+        The priors come from greedy outputs; under sampling each call had to learn afresh that they promise too much
+        (RAG under sampling, 5 seeds: the suffix drafts that failed came in a call's first 15 steps, the scale at 1
+        then), as :meth:`model_prior` carries the model's acceptance."""
+        with _HISTORY_LOCK:
+            accepted, expected = self._suffix_history.get(bool(do_sample), (0.0, 0.0))
+        return min(1.0, (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT))
+
     def suffix_prior_scale(self) -> float:
         """The factor (<= 1) on every suffix prior: this call's suffix draft tokens accepted over those the priors
         expected at the positions verified, pooled over the match-length buckets, with :data:`PRIOR_WEIGHT`
-        pseudo-tokens at 1, decayed at each suffix draft only: it stands for the call's regime (greedy or sampled,
+        pseudo-tokens at where the drafter's earlier calls left it (:meth:`suffix_history_scale`; 1 before any),
+        decayed at each suffix draft only: it stands for the call's regime (greedy or sampled,
         the temperature), which a call keeps, so unlike a kind's counts it does not drift back while the suffix
         is not chosen (docs/benchmarks.md: drifting back, it sent a RAG prompt under sampling back to failing
         suffix drafts); the buckets' own counts still fade, so suffix proposals are tried again. The priors were
@@ -400,7 +421,7 @@ class HybridDrafter(Drafter):
         never reached after a rejected first token) cost a step per failed draft (docs/benchmarks.md, the hybrid
         drafter under sampling)."""
         accepted, expected = self._suffix_evidence
-        return min(1.0, (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT))
+        return min(1.0, (accepted + PRIOR_WEIGHT * self._suffix_scale_prior) / (expected + PRIOR_WEIGHT))
 
     def _suffix_kind(self, origin: str, match_length: int) -> _Acceptance:
         """The counts that price and learn from a suffix proposal of this origin and match length."""
