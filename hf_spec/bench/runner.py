@@ -307,7 +307,7 @@ def run_bench(
             a run with the same settings and journal skips the prompts already there (resume after an
             interruption). Machine drift between the sessions hits every method alike, since methods are
             interleaved within each prompt. What earlier calls taught the process (adaptive k's plain-step
-            times, a hybrid drafter's model prior) is not in the journal: a resumed run learns it again.
+            times, a hybrid drafter's priors) is not in the journal: a resumed run learns it again.
         drafters: drafters already built, by spec (the others are built with
             :func:`~hf_spec.drafters.registry.make_drafter`; ``hybrid:SPEC`` reuses SPEC's drafter when it runs too).
         corpus: texts for the drafters that draft from a corpus (``suffix``, ``hybrid:...``).

@@ -16,7 +16,7 @@ budget near ``max_length``, verification, caches of the target)::
 sets lives on the copy, so the caller's object is never changed by a call and one drafter can serve several
 calls at once (threads); what ``__init__`` made (a draft model, Medusa heads, a corpus) is shared by every call,
 and so is what a drafter chooses to learn across calls (a suffix drafter's remembered outputs, a hybrid drafter's
-model acceptance).
+model acceptance and suffix scale).
 
 hf-spec's drafters are not ``transformers`` ``CandidateGenerator`` s: transformers has no public way to hand a
 candidate generator to ``generate`` (it builds its own from ``assistant_model`` / ``prompt_lookup_num_tokens``),
