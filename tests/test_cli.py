@@ -136,7 +136,7 @@ def test_corpus_files_text_and_jsonl(tmp_path):
             read_corpus([tmp_path / "bad.jsonl"])
     # valid JSON, but half of a surrogate pair (a string cut inside an emoji): no text a tokenizer can take
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": "abc \\ud83d def"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*lone surrogate escape \(\\ud83d\)"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*lone surrogate \(\\ud83d\) at character 4"):
         read_corpus([tmp_path / "bad.jsonl"])
 
 

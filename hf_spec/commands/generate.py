@@ -101,6 +101,8 @@ def read_corpus(paths) -> list[str] | None:
     """
     if not paths:
         return None
+    from ..drafters.suffix import lone_surrogate
+
     texts = []
     for name in paths:
         path = Path(name)
@@ -126,12 +128,10 @@ def read_corpus(paths) -> list[str] | None:
             if not isinstance(text, str):
                 raise ValueError(f"--corpus {path}:{lineno}: each line of a .jsonl corpus must be a JSON object with a "
                                  "\"text\" string, e.g. {\"text\": \"an earlier answer\"}")
-            try:  # JSON may escape half of a surrogate pair (a string cut inside an emoji): no text to tokenize
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"--corpus {path}:{lineno}: the \"text\" holds a lone surrogate escape "
-                                 f"({text[e.start:e.end].encode('unicode_escape').decode()}), half of a character cut "
-                                 "in two; fix or drop that line") from None
+            bad = lone_surrogate(text)  # JSON may escape half of a surrogate pair: no text to tokenize
+            if bad:
+                raise ValueError(f"--corpus {path}:{lineno}: the \"text\" holds {bad}, half of a character cut in "
+                                 "two; fix or drop that line")
             texts.append(text)
     return texts
 

@@ -55,11 +55,11 @@ def check_num_speculative_tokens(k, name: str = "num_speculative_tokens") -> int
     if not isinstance(k, bool) and isinstance(k, numbers.Integral):
         k = int(k)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        auto = " or \"auto\"" if name == "num_speculative_tokens" else ""
-        raise ValueError(
-            f"{name} must be an integer >= 1{auto}, got {k!r}; use 1..12 (3 is a good start)"
-            + (", \"auto\" to let hf-spec choose per step," if auto else "")
-            + (" or drafter=None" if auto else " or leave it unset") + " to decode without speculation")
+        if name == "num_speculative_tokens":
+            raise ValueError(f"{name} must be an integer >= 1 or \"auto\", got {k!r}; use 1..12 (3 is a good start), "
+                             "\"auto\" to let hf-spec choose per step, or drafter=None to decode without speculation")
+        raise ValueError(f"{name} must be an integer >= 1, got {k!r}; use 1..12 (3 is a good start) or leave it unset "
+                         "to decode without speculation")
     return k
 
 

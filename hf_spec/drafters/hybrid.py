@@ -19,8 +19,8 @@ score is high enough, else with the model), the choice here is made by the cost 
   weak as short ones. Those priors come from greedy outputs; all of them are multiplied by how this call's
   suffix drafts fared against them, pooled over the buckets (:meth:`HybridDrafter.suffix_prior_scale`, at most
   1, starting where the drafter's earlier calls of the same kind, greedy or sampled, left it:
-  :meth:`HybridDrafter.suffix_history_scale`): when sampling, a one-hot token is accepted with the target's probability of it, and a bucket learning that
-  alone paid a step per failed draft;
+  :meth:`HybridDrafter.suffix_history_scale`): when sampling, a one-hot token is accepted with the target's
+  probability of it, and a bucket learning that alone paid a step per failed draft;
 - the model's: the conditional acceptance measured for its drafts at position j, for the step's k (prior for the
   first position: the first-token acceptance of this drafter's model drafts in its earlier calls,
   :meth:`HybridDrafter.model_prior`, :data:`MODEL_PRIOR` before any; then the estimate of the position before):
@@ -144,15 +144,31 @@ def merge_into_tree(tokens: list[int], parents: list[int], chain: list[int]) -> 
 #: the model drafter's prior first-token acceptance before it has drafted in any call of this drafter
 MODEL_PRIOR = 0.5
 
-#: weight kept per model draft (one row's) by the first-token counts carried from call to call
-#: (:meth:`HybridDrafter.model_prior`): about the last 100 drafts, a few single-row calls' worth
+#: weight kept per draft (one row's) by the counts carried from call to call (:meth:`HybridDrafter.model_prior`,
+#: :meth:`HybridDrafter.suffix_history_scale`): about the last 100 drafts of a kind, a few single-row calls' worth
 HISTORY_DECAY = 0.99
 
-_HISTORY_LOCK = threading.Lock()  # calls in threads share their drafter's model history
+_HISTORY_LOCK = threading.Lock()  # calls in threads share their drafter's histories
 
 #: the weight of a prior, in observations: one let a model drafter's first two rejected drafts write it off (a
 #: translation prompt: 0 of 2, then no model draft for 10 steps where the model alone went on to accept 9 of 20)
 PRIOR_WEIGHT = 3.0
+
+
+def _remember(history: dict[bool, list[float]], key: bool, hits: float, total: float) -> None:
+    """One more observation in a drafter's history across calls (``key``: do_sample -> ``[hits, total]``), the
+    earlier ones decayed by :data:`HISTORY_DECAY`; under the lock, as calls in threads share it."""
+    with _HISTORY_LOCK:
+        counts = history.setdefault(key, [0.0, 0.0])
+        counts[0] = counts[0] * HISTORY_DECAY + hits
+        counts[1] = counts[1] * HISTORY_DECAY + total
+
+
+def _recall(history: dict[bool, list[float]], key: bool, prior: float) -> float:
+    """The history's rate of hits, with :data:`PRIOR_WEIGHT` pseudo-observations at ``prior``."""
+    with _HISTORY_LOCK:
+        hits, total = history.get(bool(key), (0.0, 0.0))
+    return (hits + PRIOR_WEIGHT * prior) / (total + PRIOR_WEIGHT)
 
 
 class _Acceptance:
@@ -252,11 +268,10 @@ class HybridDrafter(Drafter):
         if not 0 < decay < 1:
             raise ValueError(f"need 0 < decay < 1, got {decay!r}")
         self.model_drafter, self.suffix, self.decay = model_drafter, suffix, decay
-        # the model drafts' first positions reached and accepted over this drafter's calls (decayed by
-        # HISTORY_DECAY per draft), greedy and sampled calls apart: do_sample -> [reached, accepted]; one dict shared
-        # by every call's session (start() copies shallowly)
+        # over this drafter's calls, greedy and sampled apart (do_sample -> [hits, total], decayed by HISTORY_DECAY
+        # per draft; shared by every call's session, start() copying shallowly): the model drafts' first tokens
+        # accepted and drafted, the suffix drafts' tokens accepted and those the priors expected
         self._model_history: dict[bool, list[float]] = {}
-        # the same for its suffix drafts' evidence (suffix_prior_scale): do_sample -> [accepted, expected] tokens
         self._suffix_history: dict[bool, list[float]] = {}
         super().__init__(num_speculative_tokens if num_speculative_tokens is not None
                          else model_drafter.num_speculative_tokens)
@@ -363,20 +378,14 @@ class HybridDrafter(Drafter):
                             else self._model_acceptance)
                     kind.add(d, a, None if source == "suffix" else asked)
                     if source == "model":
-                        with _HISTORY_LOCK:
-                            history = self._model_history.setdefault(self._sampling, [0.0, 0.0])
-                            history[0] = history[0] * HISTORY_DECAY + 1
-                            history[1] = history[1] * HISTORY_DECAY + (a > 0)
+                        _remember(self._model_history, self._sampling, float(a > 0), 1.0)
                     if source == "suffix":
                         _, first, later = _priors(origin)[suffix_bucket(match_length)]
                         expected = first + later * (min(a + 1, d) - 1)
                         evidence = self._suffix_evidence
                         evidence[0] = evidence[0] * self.decay + min(a, d)
                         evidence[1] = evidence[1] * self.decay + expected
-                        with _HISTORY_LOCK:
-                            history = self._suffix_history.setdefault(self._sampling, [0.0, 0.0])
-                            history[0] = history[0] * HISTORY_DECAY + min(a, d)
-                            history[1] = history[1] * HISTORY_DECAY + expected
+                        _remember(self._suffix_history, self._sampling, min(a, d), expected)
                     unverified = [u for u in unverified if u is not kind]
             for kind in unverified:
                 kind.fade()
@@ -393,9 +402,7 @@ class HybridDrafter(Drafter):
         with :data:`PRIOR_WEIGHT` pseudo-drafts at :data:`MODEL_PRIOR`. The drafter's model drafts for the same
         target from call to call, so their acceptance carries over where 0.5 did not know it (as adaptive k carries
         the target's step time); a call's own drafts then move the estimate as before."""
-        with _HISTORY_LOCK:
-            reached, accepted = self._model_history.get(bool(do_sample), (0.0, 0.0))
-        return (accepted + PRIOR_WEIGHT * MODEL_PRIOR) / (reached + PRIOR_WEIGHT)
+        return _recall(self._model_history, do_sample, MODEL_PRIOR)
 
     def suffix_history_scale(self, do_sample: bool = False) -> float:
         """Where a new call's :meth:`suffix_prior_scale` starts: the suffix draft tokens this drafter's earlier calls
@@ -404,9 +411,7 @@ class HybridDrafter(Drafter):
         The priors come from greedy outputs; under sampling each call had to learn afresh that they promise too much
         (RAG under sampling, 5 seeds: the suffix drafts that failed came in a call's first 15 steps, the scale at 1
         then), as :meth:`model_prior` carries the model's acceptance."""
-        with _HISTORY_LOCK:
-            accepted, expected = self._suffix_history.get(bool(do_sample), (0.0, 0.0))
-        return min(1.0, (accepted + PRIOR_WEIGHT) / (expected + PRIOR_WEIGHT))
+        return min(1.0, _recall(self._suffix_history, do_sample, 1.0))
 
     def suffix_prior_scale(self) -> float:
         """The factor (<= 1) on every suffix prior: this call's suffix draft tokens accepted over those the priors
@@ -513,12 +518,13 @@ class HybridDrafter(Drafter):
                 model_nodes = num_nodes - max(map(len, merge.values()), default=0)
                 model_tokens, model_num, model_scores, model_parents = self._model.draft_tree(sequences, k,
                                                                                              model_nodes)
-                levels = int(tree_depths(model_parents, model_num).max()) if model_parents.shape[1] else 0
             else:  # a chain, or a tree where the model drafter's draft() returns one (the Drafter interface allows it)
                 model_tokens, model_num, model_scores, *rest = self._model.draft(sequences, k)
                 model_parents = rest[0] if rest else None
-                levels = (int(tree_depths(model_parents, model_num).max()) if model_parents is not None
-                          and model_parents.shape[1] else model_tokens.shape[1])
+            if model_parents is None:
+                levels = model_tokens.shape[1]
+            else:
+                levels = int(tree_depths(model_parents, model_num).max()) if model_parents.shape[1] else 0
             # a draft that also caught up on a long stretch (the prompt at the first draft; catch_up_tokens is in
             # the target's prefill tokens) is not what a draft costs: the catch-up is priced on its own (catch_up_s),
             # and counted here too it kept the model from being chosen after its first draft. Its length still

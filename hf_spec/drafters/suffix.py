@@ -251,16 +251,23 @@ def _corpus_index(corpus, tokenizer) -> SuffixArray | None:
             if tokenizer is None:
                 raise ValueError("the corpus holds texts: pass tokenizer= (the target's) to tokenize them, or give "
                                  "token-id sequences")
-            try:
-                doc.encode("utf-8")
-            except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer cannot take it
-                raise ValueError(f"corpus[{i}] is not Unicode text: a lone surrogate "
-                                 f"({doc[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}, "
-                                 "half of a character cut in two") from None
+            bad = lone_surrogate(doc)  # the tokenizer cannot take one
+            if bad:
+                raise ValueError(f"corpus[{i}] is not Unicode text: {bad}, half of a character cut in two")
             docs.append(np.asarray(tokenizer(doc, add_special_tokens=False)["input_ids"], dtype=np.int64))
         else:
             docs.append(_token_ids(doc, i))
     return SuffixArray(docs)
+
+
+def lone_surrogate(text: str) -> str | None:
+    """``"a lone surrogate (\\udXXX) at character N"`` for the first half of a surrogate pair in ``text`` without its
+    other half (JSON can escape one: a string cut inside an emoji), which no tokenizer takes; ``None`` for Unicode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"a lone surrogate ({text[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}"
+    return None
 
 
 def _is_array(x) -> bool:
