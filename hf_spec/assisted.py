@@ -157,7 +157,14 @@ def generate(self, *args, **kwargs):
         drafter = drafter_for(self, kwargs)
         if drafter is None:
             return original(**kwargs)
-        streamer = kwargs.pop("streamer", None)
+        if kwargs.get("drafter") is not None:
+            raise ValueError("this call names two drafters: assistant_model= (or prompt_lookup_num_tokens=) and "
+                             "drafter=; pass one of them")
+        kwargs.pop("drafter", None)
+        streamer, spec_streamer = kwargs.pop("streamer", None), kwargs.pop("spec_streamer", None)
+        if streamer is not None and spec_streamer is not None and streamer is not spec_streamer:
+            raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
+        streamer = streamer if streamer is not None else spec_streamer
         stop_strings = kwargs.pop("stop_strings", None)
         if stop_strings:
             # transformers 5 drops `tokenizer=` before custom_generate's stopping criteria are built

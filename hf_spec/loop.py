@@ -113,13 +113,28 @@ def generate(
         ``logits`` when asked, and ``stats``).
 
     Raises:
-        ValueError: beam search or ``num_return_sequences`` > 1, an empty prompt or all-padding row, a
-            right-padded batch, k < 1 or above what the drafter can propose, a streamer with batch size > 1,
-            or a cache that cannot be cropped.
+        ValueError: a decoding algorithm other than greedy decoding or sampling (beam search, contrastive search,
+            DoLa, constrained beam search) or ``num_return_sequences`` > 1; transformers' own assisted-generation
+            settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
+            this loop does not read; ``inputs_embeds``; an empty prompt or all-padding row, a right-padded batch or
+            a row whose mask has holes; k < 1 or above what the drafter can propose; a streamer with batch size >
+            1; or a cache that cannot be cropped.
+
+    Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
+    stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
+    (a tuple of ``[1, V]``) where ``output_scores`` keeps them, else ``None``, as ``generate`` calls them.
     """
     # transformers' generate puts the prompt into its streamer= and then drops it for custom_generate callables
     # (5.x): take it from generate's frame, so the tokens and end() reach it and a TextIteratorStreamer ends
     caller = _calling_generate()
+    if caller is not None:
+        # the call's own arguments only: generate fills its defaults into a prepared config (num_assistant_tokens=20,
+        # ...), and enable_drafters maps these settings (a model's generation config may keep them for it)
+        _refuse_assisted_settings([key for key in ASSISTED_SETTINGS if (caller.get("kwargs") or {}).get(key) is not None])
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "inputs_embeds is not supported: the drafter and the verify forwards work on token ids; pass input_ids "
+            "(the tokenized prompt) instead")
     if streamer is None and caller is not None:
         streamer = caller.get("streamer")
     with ending_streamer(streamer), ending_streamer(spec_streamer):
@@ -186,8 +201,7 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "the target's input embeddings are offloaded (device meta), so there is no device to run on: keep "
             "them in memory in device_map (e.g. {'model.embed_tokens': 'cpu', ...}); decoder layers may be offloaded"
         )
-    if (generation_config.num_beams or 1) > 1:
-        raise ValueError("beam search (num_beams > 1) cannot be combined with speculative decoding; use num_beams=1")
+    _check_generation_mode(generation_config)
     if generation_config.return_dict_in_generate and (generation_config.output_attentions
                                                       or generation_config.output_hidden_states):
         raise ValueError(
@@ -226,6 +240,42 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         raise ValueError(
             "continuing from a filled cache is not supported: pass the whole sequence as input_ids and no cache"
         )
+
+
+#: transformers' assisted-generation settings, which hf-spec's loop does not read (its drafter and
+#: num_speculative_tokens stand for them; :func:`hf_spec.assisted.enable_drafters` maps them)
+ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+                     "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_lookbehind",
+                     "target_lookbehind", "assistant_early_exit", "use_mtp")
+
+
+def _refuse_assisted_settings(keys: list[str]) -> None:
+    if keys:
+        raise ValueError(
+            f"custom_generate=hf_spec.generate does not read transformers' own assisted-generation settings "
+            f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
+            "hf_spec.DraftModelDrafter(draft) for an assistant model) and num_speculative_tokens=k (or \"auto\"), or "
+            "call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate")
+
+
+def _check_generation_mode(generation_config: GenerationConfig) -> None:
+    """Refuse every decoding algorithm but greedy decoding and sampling, which speculative decoding reproduces (the
+    loop would otherwise run greedy decoding in their place without a word): the settings by which
+    ``GenerationConfig.get_generation_mode`` chooses another algorithm."""
+    config = generation_config
+    if (config.num_beams or 1) > 1:
+        what = "beam search (num_beams > 1)"
+    elif config.constraints is not None or config.force_words_ids is not None:
+        what = "constrained beam search (constraints / force_words_ids)"
+    elif not config.do_sample and (config.penalty_alpha or 0) > 0 and (config.top_k or 0) > 1:
+        what = "contrastive search (penalty_alpha > 0 with top_k > 1)"
+    elif config.dola_layers is not None:
+        what = "DoLa decoding (dola_layers)"
+    else:
+        return
+    raise ValueError(
+        f"{what} cannot be combined with speculative decoding, which reproduces greedy decoding or sampling "
+        "exactly; drop those settings, or call generate without custom_generate=hf_spec.generate")
 
 
 def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | None, *, streamer=None, **kwargs
@@ -327,16 +377,28 @@ def _speculative_decode(
         for listener in listeners:
             listener(event)
 
-    def append_until_stop(b: int, new: list[int]) -> list[int]:
-        """Append tokens to row b one by one, checking the stopping criteria after each (exact stop)."""
+    def append_until_stop(b: int, new: list[int], new_scores: torch.Tensor | None) -> list[int]:
+        """Append tokens to row b one by one, checking the stopping criteria after each (exact stop). With
+        ``output_scores``, ``new_scores [len(new), V]`` are the tokens' processed scores: kept for the output, and
+        the criteria get the row's scores so far (a tuple of ``[1, V]``), as ``generate`` passes its own."""
         kept = []
-        for tok in new:
+        for j, tok in enumerate(new):
             rows[b] = torch.cat([rows[b], rows[b].new_tensor([tok])])
             kept.append(tok)
-            if bool(stopping_criteria(rows[b][None], None).any()):
+            so_far = None
+            if scores_out is not None:
+                scores_out[b].append(new_scores[j].to(torch.float32, copy=True))
+                so_far = tuple(s[None] for s in scores_out[b])
+            if bool(stopping_criteria(rows[b][None], so_far).any()):
                 finished[b] = True
                 break
         return kept
+
+    def put(emitted: list[list[int]]) -> None:
+        """The streamer gets row 0's new tokens one per call (``LongTensor[1]``), as ``generate`` puts them."""
+        if streamer is not None:
+            for tok in emitted[0]:
+                streamer.put(torch.tensor([tok]))
 
     def record(per_row, values: torch.Tensor, emitted: list[list[int]]) -> None:
         """Keep ``values [n_rows, width, V]``: for each active row, one entry per token it emitted this step."""
@@ -364,15 +426,13 @@ def _speculative_decode(
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
-    emitted = [append_until_stop(b, [first[b]]) for b in range(bsz)]
-    record(scores_out, scores[:, None], emitted)
+    emitted = [append_until_stop(b, [first[b]], scores[b, None]) for b in range(bsz)]
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
     tell_drafter(0, out, none, none, 1, verify_time)
     prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
-    if streamer is not None:
-        streamer.put(torch.tensor(emitted[0]))
+    put(emitted)
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
                    clock(device) - t0, list(finished), rows=list(active)))
 
@@ -475,11 +535,11 @@ def _speculative_decode(
         n_acc, nxt = num_accepted.tolist(), next_token.tolist()
         accepted_tokens = [drafts_list[i][: n_acc[i]] if path is None else
                            [drafts_list[i][j] for j in path[i, : n_acc[i]].tolist()] for i in range(n_rows)]
-        emitted = [append_until_stop(b, accepted_tokens[i] + [nxt[i]]) for i, b in enumerate(active)]
         along = (lambda t: t) if columns is None else \
             (lambda t: t.gather(1, columns[:, :, None].expand(-1, -1, t.shape[-1])))
-        if scores_out is not None:
-            record(scores_out, along(target_scores), emitted)
+        step_scores = along(target_scores) if scores_out is not None else None
+        emitted = [append_until_stop(b, accepted_tokens[i] + [nxt[i]], None if step_scores is None else step_scores[i])
+                   for i, b in enumerate(active)]
         record(logits_out, along(logits), emitted)
         # each row's cache keeps its sequence minus its last token, which the next forward feeds
         if path is None:
@@ -491,8 +551,7 @@ def _speculative_decode(
         # tree size and the hybrid drafter judge by them; time_s (the call's clock) keeps everything
         draft_s, verify_s = t_verify - t_draft - (m_verify - m_draft), now - t_verify - (m_now - m_verify)
         tell_drafter(step, out, num_drafted, num_accepted, k + 1, verify_s, columns, path, depths, head_logits)
-        if streamer is not None:
-            streamer.put(torch.tensor(emitted[0]))
+        put(emitted)
         ndr = num_drafted.tolist()
         emit(
             StepEvent(
@@ -681,7 +740,12 @@ def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTens
     pads = (mask == 0).sum(dim=1)
     left = (mask.cumsum(dim=1) == 0).sum(dim=1)
     if bool((pads != left).any()):
-        raise ValueError("the batch is right-padded; pad on the left: tokenizer.padding_side = 'left'")
+        b = int((pads != left).nonzero()[0, 0])
+        if bool(mask[b, -1] == 0):
+            raise ValueError("the batch is right-padded; pad on the left: tokenizer.padding_side = 'left'")
+        raise ValueError(f"row {b} of attention_mask masks tokens between its first and last token (a 0 after a 1): "
+                         "hf-spec takes left padding only (zeros, then ones); drop the masked tokens from the row "
+                         "and pad it on the left")
     if bool((pads == mask.shape[1]).any()):
         raise ValueError("empty prompt: a batch row is all padding; give every row at least one token")
     return pads.tolist()
