@@ -24,7 +24,9 @@ from typing import Iterable
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
+from transformers.generation.logits_process import (DiaEOSDelayPatternLogitsProcessor,
+                                                    SynthIDTextWatermarkLogitsProcessor,
+                                                    UnbatchedClassifierFreeGuidanceLogitsProcessor)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import LAZY_DEVICES, chain_parents, greedy_accept_tree, speculative_sample_tree, tree_depths
@@ -216,6 +218,13 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "guidance_scale (classifier-free guidance) runs its own unconditional forward with a cache of its own, one "
             "token at a time: it cannot score k+1 drafted positions at once nor roll back rejected ones; decode "
             "with guidance_scale without a drafter (drafter=None)")
+    if stateful := [type(p).__name__ for p in logits_processor or [] if isinstance(p, STATEFUL_PROCESSORS)]:
+        raise ValueError(
+            f"{stateful[0]} keeps state from call to call, as if it were called once per generated token for the "
+            "whole batch (SynthID text watermarking: its n-gram context); speculative decoding processes several "
+            "positions per step and each row of a batch on its own, so its output would silently differ. Generate "
+            "without custom_generate=hf_spec.generate for it (the Kirchenbauer watermark, "
+            "watermarking_config=WatermarkingConfig(...), reads only the sequence and works with hf-spec)")
     if drafter is not None and not isinstance(drafter, Drafter):
         raise TypeError(
             f"drafter must be an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...), got {type(drafter).__name__}"
@@ -247,6 +256,12 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
                      "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_lookbehind",
                      "target_lookbehind", "assistant_early_exit", "use_mtp")
+
+
+#: transformers' logits processors that keep state from call to call (they assume one call per generated token for
+#: the whole batch): the loop calls processors for several positions per step and row by row, so they are refused
+#: (classifier-free guidance, which runs a forward of its own, is refused apart, with a drafter)
+STATEFUL_PROCESSORS = (SynthIDTextWatermarkLogitsProcessor, DiaEOSDelayPatternLogitsProcessor)
 
 
 def _refuse_assisted_settings(keys: list[str]) -> None:

@@ -455,3 +455,22 @@ def test_inputs_the_loop_cannot_take_get_errors_that_name_them(tiny):
     streamer = _RecordingStreamer()  # spec_streamer= beside assistant_model= is the streamer, as with custom_generate
     out = enabled.generate(PROMPT, assistant_model=draft, spec_streamer=streamer, max_new_tokens=4, do_sample=False)
     assert streamer.ended and torch.equal(torch.cat(streamer.puts[1:]), out[0, PROMPT.shape[1]:])
+
+
+def test_a_processor_with_state_across_calls_is_refused_and_a_watermark_without_runs_exactly(tiny):
+    """SynthID's watermark keeps its n-gram context from call to call (one call per token for the whole batch
+    assumed): the loop gave plain greedy output without the watermark, silently. Kirchenbauer's reads only the
+    sequence: hf-spec's output equals plain generate's with it."""
+    from transformers import SynthIDTextWatermarkingConfig, WatermarkingConfig
+
+    target, draft = tiny
+    run = dict(max_new_tokens=10, do_sample=False, custom_generate=hf_spec.generate,
+               drafter=hf_spec.DraftModelDrafter(draft, 2))
+    for drafter in (run["drafter"], None):  # without a drafter too: the loop still processes rows one by one
+        with pytest.raises(ValueError, match="SynthIDTextWatermarkLogitsProcessor keeps state from call to call"):
+            target.generate(PROMPT, **{**run, "drafter": drafter},
+                            watermarking_config=SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123], ngram_len=2))
+    config = WatermarkingConfig(bias=8.0, greenlist_ratio=0.5, seeding_scheme="lefthash")
+    plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False, watermarking_config=config)
+    assert not torch.equal(plain, target.generate(PROMPT, max_new_tokens=10, do_sample=False))  # it changes the text
+    assert torch.equal(target.generate(PROMPT, watermarking_config=config, **run), plain)
