@@ -24,9 +24,8 @@ from typing import Iterable
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation.logits_process import (DiaEOSDelayPatternLogitsProcessor,
-                                                    SynthIDTextWatermarkLogitsProcessor,
-                                                    UnbatchedClassifierFreeGuidanceLogitsProcessor)
+from transformers.generation import logits_process
+from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .acceptance import LAZY_DEVICES, chain_parents, greedy_accept_tree, speculative_sample_tree, tree_depths
@@ -261,7 +260,8 @@ ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "a
 #: transformers' logits processors that keep state from call to call (they assume one call per generated token for
 #: the whole batch): the loop calls processors for several positions per step and row by row, so they are refused
 #: (classifier-free guidance, which runs a forward of its own, is refused apart, with a drafter)
-STATEFUL_PROCESSORS = (SynthIDTextWatermarkLogitsProcessor, DiaEOSDelayPatternLogitsProcessor)
+STATEFUL_PROCESSORS = tuple(getattr(logits_process, name) for name in (
+    "SynthIDTextWatermarkLogitsProcessor", "DiaEOSDelayPatternLogitsProcessor") if hasattr(logits_process, name))
 
 
 def _refuse_assisted_settings(keys: list[str]) -> None:
@@ -277,14 +277,16 @@ def _check_generation_mode(generation_config: GenerationConfig) -> None:
     """Refuse every decoding algorithm but greedy decoding and sampling, which speculative decoding reproduces (the
     loop would otherwise run greedy decoding in their place without a word): the settings by which
     ``GenerationConfig.get_generation_mode`` chooses another algorithm."""
-    config = generation_config
-    if (config.num_beams or 1) > 1:
+    def get(name):  # settings a later transformers may drop
+        return getattr(generation_config, name, None)
+
+    if (get("num_beams") or 1) > 1:
         what = "beam search (num_beams > 1)"
-    elif config.constraints is not None or config.force_words_ids is not None:
+    elif get("constraints") is not None or get("force_words_ids") is not None:
         what = "constrained beam search (constraints / force_words_ids)"
-    elif not config.do_sample and (config.penalty_alpha or 0) > 0 and (config.top_k or 0) > 1:
+    elif not get("do_sample") and (get("penalty_alpha") or 0) > 0 and (get("top_k") or 0) > 1:
         what = "contrastive search (penalty_alpha > 0 with top_k > 1)"
-    elif config.dola_layers is not None:
+    elif get("dola_layers") is not None:
         what = "DoLa decoding (dola_layers)"
     else:
         return
