@@ -72,18 +72,32 @@ def _span(kind: str, text: str) -> str:
     return f'<span class="hfspec-{kind}">{html.escape(text)}</span>'
 
 
-def _step_tree(ev: StepEvent) -> tuple[list[int], list[int], list[int]]:
-    """Row 0 of a step as a tree: ``(drafted, parents, path)``, a chain being the tree whose node j has parent
-    j - 1; ``path`` the accepted nodes from the root's child down (the first child with the emitted token)."""
+def _step_tree(ev: StepEvent) -> tuple[list[int], list[int], list[int], bool]:
+    """Row 0 of a step as a tree: ``(drafted, parents, path, cut)``, a chain being the tree whose node j has parent
+    j - 1; ``path`` the accepted nodes from the root's child down (the first child with the emitted token).
+
+    ``cut``: a stop (EOS, ``max_new_tokens``, a stop string) ended the row inside the accepted run, so its last
+    token, which the event counts as the target's own (:class:`~hf_spec.events.StepEvent`), is a drafted token the
+    target accepted too: it is then the path's last node, and the draft below it was cut, not rejected. (A row
+    that finished on a correction equal to the drafted token it replaced, which only a sampled draft with its
+    own probabilities allows, shows the same way.)"""
     drafted = ev.drafted[0]
     parents = ev.parents[0] if ev.parents else list(range(-1, len(drafted) - 1))
+    emitted, accepted = ev.emitted[0], ev.num_accepted[0]
     path, node = [], -1
-    for tok in ev.emitted[0][:ev.num_accepted[0]]:
+    for tok in emitted[:accepted]:
         node = next((j for j, p in enumerate(parents) if p == node and drafted[j] == tok), None)
         if node is None:
             break
         path.append(node)
-    return drafted, parents, path
+    cut = False
+    if ev.finished[0] and len(emitted) == accepted + 1 and len(path) == accepted:
+        below = path[-1] if path else -1
+        last = next((j for j, p in enumerate(parents) if p == below and drafted[j] == emitted[-1]), None)
+        if last is not None:
+            path.append(last)
+            cut = True
+    return drafted, parents, path, cut
 
 
 def render_tokens(events: list[StepEvent], decode) -> str:
@@ -94,10 +108,10 @@ def render_tokens(events: list[StepEvent], decode) -> str:
     parts = []
     for ev in events:
         accepted, emitted = ev.num_accepted[0], ev.emitted[0]
-        drafted, parents, path = _step_tree(ev)
-        for tok in emitted[:accepted]:
+        drafted, parents, path, cut = _step_tree(ev)
+        for tok in emitted[:accepted + cut]:
             parts.append(_span("acc", decode(tok)))
-        if len(emitted) > accepted:
+        if len(emitted) > accepted and not cut:
             below = path[-1] if path else -1
             rejected = [j for j, p in enumerate(parents) if p == below]  # the candidates after the accepted ones
             if not ev.parents:  # a chain: the whole rest of it
@@ -115,10 +129,12 @@ def render_tree(event: StepEvent | None, decode) -> str:
     for no step or a step that drafted nothing."""
     if event is None or not event.drafted[0]:
         return ""
-    drafted, parents, path = _step_tree(event)
+    drafted, parents, path, cut = _step_tree(event)
     on_path = set(path)
 
     def subtree(parent: int) -> str:
+        if cut and parent == path[-1]:  # the draft below the row's last token was cut by the stop: not shown
+            return ""
         items = []
         for j in (j for j, p in enumerate(parents) if p == parent):
             label = _span("acc" if j in on_path else "rej", decode(drafted[j]))
@@ -126,7 +142,7 @@ def render_tree(event: StepEvent | None, decode) -> str:
         return f"<ul>{''.join(items)}</ul>" if items else ""
 
     emitted = event.emitted[0]
-    target = decode(emitted[event.num_accepted[0]]) if len(emitted) > event.num_accepted[0] else None
+    target = decode(emitted[event.num_accepted[0]]) if len(emitted) > event.num_accepted[0] and not cut else None
     after = f" then the target's token {_span('fix', target)}" if target is not None else ""
     return (f'<div class="hfspec-out hfspec-tree">step {event.step}: {len(drafted)} drafted node'
             f'{"s" if len(drafted) != 1 else ""}, {len(path)} accepted{after}{subtree(-1)}</div>')

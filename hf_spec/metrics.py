@@ -86,6 +86,10 @@ class SpecStats:
     k_per_step: list[int] = field(default_factory=list)
     ttft_s: float = 0.0
     total_s: float = 0.0
+    #: seconds each row spent after its first token, summed over rows (rows of a batch run at the same time, each
+    #: counts its own), and the tokens they emitted in that time: :attr:`tpot_s` is their ratio
+    decode_s: float = 0.0
+    decode_tokens: int = 0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     policy_events: list[dict] = field(default_factory=list)
@@ -108,6 +112,10 @@ class SpecStats:
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
+        if event.step > 0:  # every row in the step waited for it (a finished row has left the batch)
+            rows = sum(1 for emitted in event.emitted if emitted)
+            self.decode_s += (event.time_s - self.total_s) * rows
+            self.decode_tokens += sum(len(emitted) for emitted in event.emitted)
         self.total_s = event.time_s
         if event.step == 0:
             self.ttft_s = event.time_s
@@ -161,13 +169,18 @@ class SpecStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        """Accepted over drafted tokens at each draft position, up to the deepest position any draft reached
+        (positions past it had nothing drafted, where the rate is undefined: not listed)."""
+        depth = max((i + 1 for i, d in enumerate(self.drafted_per_position) if d), default=0)
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position[:depth], self.drafted_per_position)]
 
     @property
     def tpot_s(self) -> float:
-        """Seconds per output token after the first."""
-        n = self.num_emitted_tokens
-        return (self.total_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
+        """Seconds per output token after each sequence's first: the seconds every sequence spent after its first
+        token over the tokens it emitted then, summed over the sequences of a batch and of merged calls (per
+        sequence: its own TPOT; a batch's rows decode at the same time, so a batch's wall time over all its
+        tokens would be less than any row's)."""
+        return self.decode_s / self.decode_tokens if self.decode_tokens else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -185,7 +198,8 @@ class SpecStats:
         """Add another call's counters into this one (times add up; TTFT keeps the sum too; ``per_row`` is
         not merged)."""
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-                     "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "draft_time_s", "verify_time_s"):
+                     "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "decode_s",
+                     "decode_tokens", "draft_time_s", "verify_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self._grow(len(other.drafted_per_position))
         for i, (a, d, r) in enumerate(zip(other.accepted_per_position, other.drafted_per_position,

@@ -65,6 +65,23 @@ def test_a_tree_step_shows_its_accepted_path_and_the_candidates_rejected_there()
     assert render_tree(None, decode) == ""
 
 
+def test_a_stop_inside_an_accepted_draft_shows_the_token_accepted_and_nothing_rejected():
+    """Drafted [EOS, 10, 22], the target took EOS and the row stopped there (the event counts it as the target's
+    own token): it showed as rejected, then again as the correction, with 10 and 22 rejected though the stop cut
+    them. A chain and a tree; a row that did not finish keeps the correction."""
+    from hf_spec.demo import render_tree
+
+    decode = lambda t: f"<{t}>"  # noqa: E731
+    for parents in (None, [[-1, 0, 1, 0]]):
+        drafted = [[1, 10, 22]] if parents is None else [[1, 10, 22, 5]]
+        stop = StepEvent(1, 3, drafted, [0], [[1]], 0.0, 0.0, 0.0, [True], parents=parents)
+        assert render_tokens([stop], decode).endswith('<span class="hfspec-acc">&lt;1&gt;</span></div>')
+        view = render_tree(stop, decode)
+        assert "1 accepted" in view and "hfspec-rej" not in view and "target's token" not in view
+        going_on = StepEvent(1, 3, drafted, [0], [[7]], 0.0, 0.0, 0.0, [True], parents=parents)  # a correction
+        assert '<span class="hfspec-fix">&lt;7&gt;</span>' in render_tokens([going_on], decode)
+
+
 def test_demo_drafters_are_built_once_and_checked_per_request():
     """One drafter per page label for the app's life (a call never changes it, so requests can share it);
     a k above what the drafter can propose, or a drafter not loaded, is a message before any work."""

@@ -54,6 +54,33 @@ def test_statistics_identities(tiny):
         assert 0 < s.ttft_s <= s.total_s
 
 
+def test_tpot_is_per_sequence_in_a_batch_and_across_merged_calls(tiny):
+    """A batch's TPOT was its wall time over all its rows' tokens, below every row's own (rows decode at the same
+    time), and merged calls took the first token off once: now each sequence's time after its first token over the
+    tokens it emitted then, summed over sequences. acceptance_by_position lists only positions something was
+    drafted at (a 0.0 after them read as drafts always rejected there)."""
+    target, draft = tiny
+    batch = torch.tensor([[1, 1, 1, 0, 5, 9, 5, 9], [0, 4, 8, 12, 4, 8, 12, 4], [1, 1, 0, 7, 7, 3, 7, 7]])
+    mask = (torch.arange(8)[None, :] >= torch.tensor([[3], [0], [2]])).long()
+    run = dict(custom_generate=hf_spec.generate, return_dict_in_generate=True, do_sample=False)
+    stats = target.generate(batch, attention_mask=mask, max_new_tokens=20, drafter=hf_spec.DraftModelDrafter(draft, 3),
+                            **run).stats
+    rows = list(stats.per_row.values())
+    assert len(rows) == 3 and len({r.num_emitted_tokens for r in rows}) > 1  # rows that end at different steps
+    for r in rows:
+        assert r.tpot_s == pytest.approx((r.total_s - r.ttft_s) / (r.num_emitted_tokens - 1))
+    assert stats.tpot_s == pytest.approx(sum(r.total_s - r.ttft_s for r in rows)
+                                         / sum(r.num_emitted_tokens - 1 for r in rows))
+    assert min(r.tpot_s for r in rows) <= stats.tpot_s <= max(r.tpot_s for r in rows)
+    calls = [target.generate(PROMPT, max_new_tokens=n, drafter=hf_spec.NgramDrafter(3), **run).stats for n in (4, 9)]
+    merged = hf_spec.SpecStats().merge(calls[0]).merge(calls[1])
+    assert merged.tpot_s == pytest.approx(sum(c.total_s - c.ttft_s for c in calls)
+                                          / sum(c.num_emitted_tokens - 1 for c in calls))
+    tree = target.generate(PROMPT, max_new_tokens=20, drafter=hf_spec.DraftModelDrafter(draft, 4), num_tree_nodes=3,
+                           **run).stats
+    assert len(tree.acceptance_by_position) == max(i + 1 for i, d in enumerate(tree.drafted_per_position) if d)
+
+
 def test_events_and_streamer_see_every_token(tiny):
     target, draft = tiny
 
