@@ -34,7 +34,7 @@ def _tree_depth(parents: list[int]) -> int:
     return max(depth, default=0)
 
 
-def count_positions(reached: list, accepted: list, k: int, num_accepted: int, weight: float = 1.0,
+def count_positions(reached: list, accepted: list, k: int, num_accepted: int, weight: float = 1,
                     drafted: list | None = None, num_drafted: int = 0) -> None:
     """Count one row-step of a draft of up to k tokens into per-position lists (the one counting rule of the
     statistics, the benchmark and the adaptive controller; the lists grow as needed).
@@ -49,7 +49,7 @@ def count_positions(reached: list, accepted: list, k: int, num_accepted: int, we
         accepted: per-position counts of accepted tokens, the same way.
         k: the k asked for this step.
         num_accepted: drafted tokens accepted in this row-step.
-        weight: what one observation adds (1).
+        weight: what one observation adds (1: integer counts stay integers).
         drafted: optional per-position counts of drafted tokens, updated the same way.
         num_drafted: the draft's length (with ``drafted``).
     """
