@@ -23,16 +23,12 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from .drafters.base import Drafter, check_num_speculative_tokens
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
-from .loop import ending_streamer
+from .loop import ASSISTED_SETTINGS, ending_streamer
 from .loop import generate as spec_generate
 
 __all__ = ["enable_drafters", "disable_drafters", "drafter_for"]
 
 logger = logging.getLogger("hf_spec")
-
-#: transformers' assisted-generation settings this module reads (in ``generate``'s kwargs or the generation config)
-_ASSISTED_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
-                  "prompt_lookup_num_tokens", "max_matching_ngram_size")
 
 
 def enable_drafters(model):
@@ -132,15 +128,15 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
             "stop = model.generation_config.stop_strings; model.generation_config.stop_strings = None; "
             "model.generate(..., stop_strings=stop, tokenizer=tokenizer)")
     kwargs.pop("assistant_model", None)
-    for key in _ASSISTED_KEYS:
+    for key in ASSISTED_SETTINGS:
         kwargs.pop(key, None)
-    if any(getattr(config, key, None) is not None for key in _ASSISTED_KEYS + ("stop_strings",)):
+    if any(getattr(config, key, None) is not None for key in ASSISTED_SETTINGS + ("stop_strings",)):
         # the loop must not see transformers' own assisted settings (its mode check would run on them), nor stop
         # strings, which transformers cannot build for a custom loop (it drops tokenizer=): generate adds them
         config = copy.deepcopy(config)
         if config.stop_strings is not None and kwargs.get("stop_strings") is None:
             kwargs["stop_strings"] = config.stop_strings
-        for key in _ASSISTED_KEYS + ("stop_strings",):
+        for key in ASSISTED_SETTINGS + ("stop_strings",):
             setattr(config, key, None)
         kwargs["generation_config"] = config
     return drafter

@@ -131,7 +131,12 @@ def generate(
     if caller is not None:
         # the call's own arguments only: generate fills its defaults into a prepared config (num_assistant_tokens=20,
         # ...), and enable_drafters maps these settings (a model's generation config may keep them for it)
-        _refuse_assisted_settings([key for key in ASSISTED_SETTINGS if (caller.get("kwargs") or {}).get(key) is not None])
+        if keys := [key for key in ASSISTED_SETTINGS if (caller.get("kwargs") or {}).get(key) is not None]:
+            raise ValueError(
+                f"custom_generate=hf_spec.generate does not read transformers' own assisted-generation settings "
+                f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
+                "hf_spec.DraftModelDrafter(draft) for an assistant model) and num_speculative_tokens=k (or \"auto\"), "
+                "or call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate")
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError(
             "inputs_embeds is not supported: the drafter and the verify forwards work on token ids; pass input_ids "
@@ -251,7 +256,8 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
 
 
 #: transformers' assisted-generation settings, which hf-spec's loop does not read (its drafter and
-#: num_speculative_tokens stand for them; :func:`hf_spec.assisted.enable_drafters` maps them)
+#: num_speculative_tokens stand for them): refused in a custom_generate call; :func:`hf_spec.assisted.enable_drafters`
+#: maps the ones it knows and drops them all before the loop runs
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
                      "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_lookbehind",
                      "target_lookbehind", "assistant_early_exit", "use_mtp")
@@ -262,15 +268,6 @@ ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "a
 #: (classifier-free guidance, which runs a forward of its own, is refused apart, with a drafter)
 STATEFUL_PROCESSORS = tuple(getattr(logits_process, name) for name in (
     "SynthIDTextWatermarkLogitsProcessor", "DiaEOSDelayPatternLogitsProcessor") if hasattr(logits_process, name))
-
-
-def _refuse_assisted_settings(keys: list[str]) -> None:
-    if keys:
-        raise ValueError(
-            f"custom_generate=hf_spec.generate does not read transformers' own assisted-generation settings "
-            f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
-            "hf_spec.DraftModelDrafter(draft) for an assistant model) and num_speculative_tokens=k (or \"auto\"), or "
-            "call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate")
 
 
 def _check_generation_mode(generation_config: GenerationConfig) -> None:

@@ -197,6 +197,10 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
         drafted.clear()
 
     check(model.generate(PROMPT, assistant_model=draft, num_assistant_tokens=4, **kw), hf_spec.DraftModelDrafter, 4)
+    # settings transformers reads only for a draft with another tokenizer: dropped as it drops them (the loop's
+    # refusal of assisted-generation settings in a custom_generate call raised here)
+    check(model.generate(PROMPT, assistant_model=draft, num_assistant_tokens=4, assistant_lookbehind=5,
+                         target_lookbehind=5, **kw), hf_spec.DraftModelDrafter, 4)
     check(model.generate(PROMPT, prompt_lookup_num_tokens=5, max_matching_ngram_size=1, **kw), hf_spec.NgramDrafter, 5)
     # from the generation config, as transformers reads them
     config = GenerationConfig.from_dict({**target.generation_config.to_dict(), "prompt_lookup_num_tokens": 2})
