@@ -74,30 +74,15 @@ def _span(kind: str, text: str) -> str:
 
 def _step_tree(ev: StepEvent) -> tuple[list[int], list[int], list[int], bool]:
     """Row 0 of a step as a tree: ``(drafted, parents, path, cut)``, a chain being the tree whose node j has parent
-    j - 1; ``path`` the accepted nodes from the root's child down (the first child with the emitted token).
+    j - 1; ``path`` the nodes whose tokens were emitted, root first (the event's ``accepted_path``).
 
-    ``cut``: a stop (EOS, ``max_new_tokens``, a stop string) ended the row inside the accepted run, so its last
-    token, which the event counts as the target's own (:class:`~hf_spec.events.StepEvent`), is a drafted token the
-    target accepted too: it is then the path's last node, and the draft below it was cut, not rejected. (A row
-    that finished on a correction equal to the drafted token it replaced, which only a sampled draft with its
-    own probabilities allows, shows the same way.)"""
+    ``cut``: a stop (EOS, ``max_new_tokens``, a stop string) ended the row on an accepted drafted token (the
+    event counts it as the target's own, :class:`~hf_spec.events.StepEvent`): it is the path's last node, no
+    token of the target's follows, and the draft below it was cut, not rejected."""
     drafted = ev.drafted[0]
     parents = ev.parents[0] if ev.parents else list(range(-1, len(drafted) - 1))
-    emitted, accepted = ev.emitted[0], ev.num_accepted[0]
-    path, node = [], -1
-    for tok in emitted[:accepted]:
-        node = next((j for j, p in enumerate(parents) if p == node and drafted[j] == tok), None)
-        if node is None:
-            break
-        path.append(node)
-    cut = False
-    if ev.finished[0] and len(emitted) == accepted + 1 and len(path) == accepted:
-        below = path[-1] if path else -1
-        last = next((j for j, p in enumerate(parents) if p == below and drafted[j] == emitted[-1]), None)
-        if last is not None:
-            path.append(last)
-            cut = True
-    return drafted, parents, path, cut
+    path = ev.accepted_path[0] if ev.accepted_path is not None else list(range(ev.num_accepted[0]))
+    return drafted, parents, path, bool(path) and len(path) == len(ev.emitted[0])
 
 
 def render_tokens(events: list[StepEvent], decode) -> str:

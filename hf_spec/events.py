@@ -45,6 +45,11 @@ class StepEvent:
         positions: positions per row the target forward scored: 1 + the draft's width, which can exceed 1 + the
             longest row in ``drafted`` (a model draft as wide as a row that then took another source; rows cut at
             ``max_new_tokens``); 0 where not given (then read as 1 + the longest row).
+        accepted_path: per row, the indices into ``drafted`` of the nodes whose tokens were emitted, root first
+            (a chain: ``0, 1, ...``): the ``num_accepted`` accepted ones, and one more where a stop ended the row
+            on an accepted drafted token (then ``len(accepted_path[i]) == len(emitted[i])``: no token of the
+            target's follows). The loop always sets it; ``None`` (hand-built events) reads as a chain's first
+            ``num_accepted`` nodes.
     """
 
     step: int
@@ -61,6 +66,7 @@ class StepEvent:
     sources: list[str] | None = field(default=None)
     parents: list[list[int]] | None = field(default=None)
     positions: int = 0
+    accepted_path: list[list[int]] | None = field(default=None)
 
 
 EventListener = Callable[[StepEvent], None]

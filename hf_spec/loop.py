@@ -575,6 +575,8 @@ def _speculative_decode(
                 rows=list(active), sources=sources,
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
                 positions=k + 1,
+                accepted_path=[(list(range(n_acc[i])) if path is None else path[i, : n_acc[i]].tolist())
+                               [: len(emitted[i])] for i in range(n_rows)],
             )
         )
     if session is not None:

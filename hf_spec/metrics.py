@@ -108,7 +108,9 @@ class SpecStats:
                               [event.emitted[i]], event.draft_time_s, event.verify_time_s, event.time_s,
                               [event.finished[i]], event.policy,
                               sources=[event.sources[i]] if event.sources is not None else None,
-                              parents=[event.parents[i]] if event.parents is not None else None))
+                              parents=[event.parents[i]] if event.parents is not None else None,
+                              positions=event.positions,
+                              accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None))
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s

@@ -48,13 +48,15 @@ def test_a_tree_step_shows_its_accepted_path_and_the_candidates_rejected_there()
     node under its parent, the path green and the rest struck through."""
     from hf_spec.demo import render_tree
 
-    tree = StepEvent(1, 2, [[2, 3, 4, 5, 6]], [1], [[3, 9]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0, 0, 1]])
+    tree = StepEvent(1, 2, [[2, 3, 4, 5, 6]], [1], [[3, 9]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0, 0, 1]],
+                     accepted_path=[[1]])
     decode = lambda t: f"<{t}>"  # noqa: E731
     html = render_tokens([tree], decode)
     # 3 accepted, then 3's child 6 rejected, then the target's correction 9
     assert html.endswith('<span class="hfspec-acc">&lt;3&gt;</span><span class="hfspec-rej">&lt;6&gt;</span>'
                          '<span class="hfspec-fix">&lt;9&gt;</span></div>')
-    leaf = StepEvent(2, 2, [[2, 3, 4]], [2], [[2, 4, 7]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0]])
+    leaf = StepEvent(2, 2, [[2, 3, 4]], [2], [[2, 4, 7]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 0]],
+                     accepted_path=[[0, 2]])
     assert render_tokens([leaf], decode).endswith('<span class="hfspec-bonus">&lt;7&gt;</span></div>')  # a leaf
     view = render_tree(tree, decode)
     assert "5 drafted nodes, 1 accepted" in view and view.count("<li>") == 5
@@ -74,12 +76,32 @@ def test_a_stop_inside_an_accepted_draft_shows_the_token_accepted_and_nothing_re
     decode = lambda t: f"<{t}>"  # noqa: E731
     for parents in (None, [[-1, 0, 1, 0]]):
         drafted = [[1, 10, 22]] if parents is None else [[1, 10, 22, 5]]
-        stop = StepEvent(1, 3, drafted, [0], [[1]], 0.0, 0.0, 0.0, [True], parents=parents)
+        stop = StepEvent(1, 3, drafted, [0], [[1]], 0.0, 0.0, 0.0, [True], parents=parents, accepted_path=[[0]])
         assert render_tokens([stop], decode).endswith('<span class="hfspec-acc">&lt;1&gt;</span></div>')
         view = render_tree(stop, decode)
         assert "1 accepted" in view and "hfspec-rej" not in view and "target's token" not in view
         going_on = StepEvent(1, 3, drafted, [0], [[7]], 0.0, 0.0, 0.0, [True], parents=parents)  # a correction
         assert '<span class="hfspec-fix">&lt;7&gt;</span>' in render_tokens([going_on], decode)
+
+
+def test_a_tree_with_equal_siblings_shows_the_branch_the_target_took():
+    """Two root children with the same token 5 (a custom drafter may propose them), the second with child 6; the
+    target took the second branch, 5 then 6, then its own 9: the event's accepted path says which 5, so the
+    first 5 is rejected and 6 accepted (searching the tree by token took the first 5 and lost the 6)."""
+    from hf_spec.demo import render_tree
+
+    decode = lambda t: f"<{t}>"  # noqa: E731
+    ev = StepEvent(1, 2, [[5, 5, 6]], [2], [[5, 6, 9]], 0.0, 0.0, 0.0, [False], parents=[[-1, -1, 1]],
+                   accepted_path=[[1, 2]])
+    assert render_tokens([ev], decode).endswith('<span class="hfspec-acc">&lt;5&gt;</span>'
+                                                '<span class="hfspec-acc">&lt;6&gt;</span>'
+                                                '<span class="hfspec-bonus">&lt;9&gt;</span></div>')
+    view = render_tree(ev, decode)
+    assert "2 accepted" in view
+    assert view.startswith('<div class="hfspec-out hfspec-tree">step 1: 3 drafted nodes, 2 accepted then the '
+                           "target's token")
+    assert '<ul><li><span class="hfspec-rej">&lt;5&gt;</span></li><li><span class="hfspec-acc">&lt;5&gt;</span>' \
+           '<ul><li><span class="hfspec-acc">&lt;6&gt;</span></li></ul></li></ul>' in view
 
 
 def test_demo_drafters_are_built_once_and_checked_per_request():

@@ -119,6 +119,13 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
         # the tree paid where a chain would not: some step accepted a node that is not its parent's first child
         assert any(_took_a_later_sibling(e.drafted[i], e.parents[i], e.emitted[i][:e.num_accepted[i]])
                    for e in steps for i in range(len(e.emitted)))
+        # each event names its accepted nodes: a root path whose tokens are the emitted ones
+        for e in events[1:]:
+            for i, path in enumerate(e.accepted_path):
+                parents = e.parents[i] if e.parents else list(range(-1, len(e.drafted[i]) - 1))
+                assert [parents[j] for j in path] == ([-1] + path)[:len(path)]
+                assert [e.drafted[i][j] for j in path] == e.emitted[i][:len(path)]
+                assert len(path) == e.num_accepted[i] + (len(path) == len(e.emitted[i]))
         stats = out.stats
         assert stats.num_accepted_tokens > 0 and len(stats.drafted_per_position) == 3
         assert stats.num_target_forwards < stats.num_emitted_tokens
