@@ -37,7 +37,7 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import RaggedCache, check_cache_layers
+from .ragged import RaggedCache, check_cache_layers, crop_cache_to
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -54,6 +54,8 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
         scores: with ``output_scores=True``, a tuple of ``new`` tensors ``[B, V]``: the processed target scores that
             chose each emitted token, as plain ``generate`` reports them.
         logits: with ``output_logits=True``, the same for the unprocessed target logits.
+        cache: for one sequence (B = 1) the call's ``DynamicCache`` in plain decoding's layout (every token but the
+            last), which plain ``generate`` can continue from; ``None`` for a batch and sliding-window models.
         stats: :class:`~hf_spec.metrics.SpecStats` of this call.
     """
 
@@ -111,13 +113,15 @@ def generate(
     Returns:
         As ``generate``: the sequences ``LongTensor[B, L + new]``, or with ``return_dict_in_generate=True`` a
         :class:`SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` /
-        ``logits`` when asked, and ``stats``).
+        ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
+        every token but the last, as ``generate`` leaves it; ``None`` for a batch, whose cache passed in stays
+        empty).
 
     Raises:
         ValueError: a decoding algorithm other than greedy decoding or sampling (beam search, contrastive search,
             DoLa, constrained beam search) or ``num_return_sequences`` > 1; transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
-            this loop does not read; ``inputs_embeds``; an empty prompt or all-padding row, a right-padded batch or
+            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a right-padded batch or
             a row whose mask has holes; k < 1 or above what the drafter can propose; a streamer with batch size >
             1; or a cache that cannot be cropped.
 
@@ -137,6 +141,11 @@ def generate(
                 f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
                 "hf_spec.DraftModelDrafter(draft) for an assistant model) and num_speculative_tokens=k (or \"auto\"), "
                 "or call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate")
+    if synced_gpus or _synced_gpus(model, caller):
+        raise ValueError(
+            "synced_gpus=True (set by generate under DeepSpeed ZeRO-3 or FSDP with several processes) keeps the "
+            "processes' forwards in lockstep, which hf-spec's loop does not do (each step's forward is as wide as its "
+            "own draft): run speculative decoding with the whole model in one process, or plain generate sharded")
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError(
             "inputs_embeds is not supported: the drafter and the verify forwards work on token ids; pass input_ids "
@@ -184,6 +193,22 @@ def _calling_generate() -> dict | None:
             return frame.f_locals
         frame = frame.f_back
     return None
+
+
+def _synced_gpus(model, caller: dict | None) -> bool:
+    """Whether the calling ``generate`` runs with ``synced_gpus`` (which it does not hand on to a callable
+    ``custom_generate``): the call's own value, else generate's default, on under DeepSpeed ZeRO-3 or FSDP with
+    several processes."""
+    if caller is None:
+        return False
+    if caller.get("synced_gpus") is not None:
+        return bool(caller["synced_gpus"])
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    return several and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
 
 
 @contextlib.contextmanager
@@ -434,7 +459,11 @@ def _speculative_decode(
 
     t0, m0 = clock(device), measuring_seconds()  # every clock of the statistics waits for the device's queued work
     # ---- prefill: the target alone chooses each row's first token --------------------------------
-    ragged = RaggedCache(model.config, bsz, device, cache)
+    # the caller's cache object (generate's own, or one passed to continue from later) is filled in place only for
+    # one row, where the ragged layout is plain decoding's (no holes, no dropped rows); a batch's rows accept
+    # different counts (holes) and leave when done, a layout no later forward can read, so a batch decodes in a
+    # cache of its own and the caller's stays empty: a later call given it recomputes the prompt (exact)
+    ragged = RaggedCache(model.config, bsz, device, cache if bsz == 1 else None)
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
@@ -584,7 +613,11 @@ def _speculative_decode(
     if controller is not None:
         remember_plain_times(model, bsz, input_ids.shape[1], controller.plain_times)
     logger.info("hf_spec: %s", stats.summary())
-    return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats,
+    kept = None
+    if ragged.cache is cache is not None:  # one row (not a sliding-window model): the caller's cache, as generate
+        crop_cache_to(cache, len(rows[0]) - 1)  # leaves it: the sequence but its last token (a stop inside an
+        kept = cache  # accepted run left the run's rest in it)
+    return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats, cache=kept,
                              scores=_per_token(scores_out, generation_config),
                              logits=_per_token(logits_out, generation_config))
 
@@ -761,7 +794,9 @@ def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTens
             raise ValueError("the batch is right-padded; pad on the left: tokenizer.padding_side = 'left'")
         raise ValueError(f"row {b} of attention_mask masks tokens between its first and last token (a 0 after a 1): "
                          "hf-spec takes left padding only (zeros, then ones); drop the masked tokens from the row "
-                         "and pad it on the left")
+                         "and pad it on the left. Passed no attention_mask? transformers made this one from the pad "
+                         "token appearing inside the prompt (a separator such as Qwen's <|endoftext|>): pass "
+                         "attention_mask=torch.ones_like(input_ids) to attend to it")
     if bool((pads == mask.shape[1]).any()):
         raise ValueError("empty prompt: a batch row is all padding; give every row at least one token")
     return pads.tolist()

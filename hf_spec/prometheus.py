@@ -58,6 +58,7 @@ Built on ``prometheus-client``::
 from __future__ import annotations
 
 import re
+import threading
 
 from .events import EventListener, StepEvent
 from .metrics import SpecStats
@@ -234,8 +235,9 @@ class PrometheusMetrics:
         """An event listener (``event_listeners=[...]``) that updates every metric after each target forward,
         so a scrape during a long generation sees it progress.
 
-        Each batch row is a request. The listener follows one generate call at a time (a step-0 event starts a
-        new one), so calls in sequence may share it; give concurrent calls a listener each.
+        Each batch row is a request. The listener follows each thread's generate call (a step-0 event starts a
+        new one in its thread), so calls in sequence and calls running concurrently in threads (a server's
+        workers) may share it.
 
         Args:
             method: the ``method`` label (the drafter).
@@ -251,14 +253,16 @@ class PrometheusMetrics:
         """
         labels = self._labels(method, model_name)
         hist = {key: h.labels(*labels) for key, h in self.histograms.items()}
-        requests: dict[int, list] = {}  # batch row -> [first token time, last token time, tokens generated]
+        # per thread (a call's events come on its thread): batch row -> [first token time, last token time, tokens]
+        calls: dict[int, dict[int, list]] = {}
 
         def on_event(event: StepEvent) -> None:
             one = SpecStats()
             one(event)
             self._count(one, labels)
             if event.step == 0:
-                requests.clear()  # a new call
+                calls[threading.get_ident()] = {}  # a new call in this thread
+            requests = calls.get(threading.get_ident(), {})
             rows = event.rows if event.rows is not None else range(len(event.emitted))
             for row, emitted, finished in zip(rows, event.emitted, event.finished):
                 if event.step == 0:
@@ -281,6 +285,8 @@ class PrometheusMetrics:
                     hist["prefill"].observe(first)
                     hist["decode"].observe(last - first)
                     hist["tpot"].observe((last - first) / (n - 1) if n > 1 else 0.0)
+            if not requests:  # the call is over
+                calls.pop(threading.get_ident(), None)
 
         return on_event
 

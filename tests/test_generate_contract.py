@@ -447,13 +447,22 @@ def test_other_decoding_algorithms_and_transformers_assisted_settings_are_refuse
 def test_inputs_the_loop_cannot_take_get_errors_that_name_them(tiny):
     target, draft = tiny
     run = dict(max_new_tokens=4, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(2))
+    with pytest.raises(ValueError, match="synced_gpus=True"):  # generate's own lockstep across processes
+        target.generate(PROMPT, synced_gpus=True, **run)
     with pytest.raises(ValueError, match="inputs_embeds is not supported"):
         target.generate(inputs_embeds=target.get_input_embeddings()(PROMPT), **run)
     holed = BATCH_MASK.clone()
     holed[1, 4] = 0  # a 0 between a row's tokens: not padding on either side
     with pytest.raises(ValueError, match="row 1 of attention_mask masks tokens between"):
         target.generate(BATCH, attention_mask=holed, **run)
+    # no mask, the pad token (5) inside the prompt: transformers infers a mask with holes; the error says what to pass
+    with pytest.raises(ValueError, match=r"attention_mask=torch.ones_like\(input_ids\)"):
+        target.generate(PROMPT, pad_token_id=5, eos_token_id=1, **run)
+    assert target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), pad_token_id=5, eos_token_id=1,
+                           do_sample=False, **run).shape[1] > PROMPT.shape[1]
     enabled = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    with pytest.raises(ValueError, match="synced_gpus=True"):  # the assistant entry point reaches the same check
+        enabled.generate(PROMPT, assistant_model=draft, synced_gpus=True, max_new_tokens=4)
     with pytest.raises(ValueError, match="two drafters"):
         enabled.generate(PROMPT, assistant_model=draft, drafter=hf_spec.NgramDrafter(2), max_new_tokens=4)
     streamer = _RecordingStreamer()  # spec_streamer= beside assistant_model= is the streamer, as with custom_generate
@@ -478,3 +487,51 @@ def test_a_processor_with_state_across_calls_is_refused_and_a_watermark_without_
     plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False, watermarking_config=config)
     assert not torch.equal(plain, target.generate(PROMPT, max_new_tokens=10, do_sample=False))  # it changes the text
     assert torch.equal(target.generate(PROMPT, watermarking_config=config, **run), plain)
+
+
+@pytest.mark.parametrize("new_tokens", [6, 12, 20, 25])
+def test_caller_cache_after_batch_continues_exactly(tiny, new_tokens):
+    """transformers' multi-turn pattern: pass a DynamicCache, then continue from the same object with the extended
+    input_ids. After a batched hf-spec call the cache must not hold the loop's ragged layout (holes where one row
+    rejected drafts, rows dropped when they finished): continuing from it gave other tokens, or a shape error."""
+    from transformers import DynamicCache
+
+    target, draft = tiny
+    cache = DynamicCache(config=target.config)
+    out = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=new_tokens, cache=cache,
+                          custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 3),
+                          do_sample=False)
+    assert torch.equal(out, target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=new_tokens,
+                                            do_sample=False))
+    follow = torch.tensor([[4, 6, 8]] * 3)
+    ids = torch.cat([out, follow], 1)
+    mask = torch.cat([BATCH_MASK, torch.ones(3, ids.shape[1] - BATCH_MASK.shape[1], dtype=torch.long)], 1)
+    fresh = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    again = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, cache=cache)
+    assert torch.equal(again, fresh)
+
+
+@pytest.mark.parametrize("num_tree_nodes", [None, 6])
+def test_one_rows_cache_is_plain_decodings_and_continues_exactly(num_tree_nodes):
+    """One row fills the caller's cache in plain decoding's layout and returns it as ``out.cache``, as generate
+    does: the sequence but its last token, also when EOS ends the row inside an accepted draft (the target is its
+    own draft here, so every draft is accepted and the stop falls inside one); continuing from it is exact."""
+    from transformers import DynamicCache
+
+    target, _ = tiny_pair()
+    plain = target.generate(input_ids=PROMPT, max_new_tokens=12, do_sample=False)
+    new = plain[0, PROMPT.shape[1]:].tolist()
+    eos = next(t for i, t in enumerate(new) if i >= 4 and t not in new[:i])  # a token first made at step 5 or later
+    run = dict(input_ids=PROMPT, max_new_tokens=12, do_sample=False, eos_token_id=eos, return_dict_in_generate=True)
+    ref = target.generate(**run, cache=DynamicCache(config=target.config))
+    cache = DynamicCache(config=target.config)
+    out = target.generate(**run, cache=cache, custom_generate=hf_spec.generate, num_tree_nodes=num_tree_nodes,
+                          drafter=hf_spec.DraftModelDrafter(target, 4), num_speculative_tokens=4)
+    assert torch.equal(out.sequences, ref.sequences) and out.sequences[0, -1] == eos
+    assert out.stats.num_accepted_tokens > 0 and out.stats.num_target_forwards < len(new)
+    assert out.cache is cache and cache.get_seq_length() == ref.cache.get_seq_length() == out.sequences.shape[1] - 1
+    for mine, theirs in zip(cache.layers, ref.cache.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+    ids = torch.cat([out.sequences, torch.tensor([[4, 6, 8]])], 1)
+    fresh = target.generate(input_ids=ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(target.generate(input_ids=ids, max_new_tokens=5, do_sample=False, cache=cache), fresh)

@@ -158,6 +158,39 @@ def test_one_itl_observation_per_step_whatever_it_emits():
     assert got[("vllm:spec_decode_num_accepted_tokens_per_pos_total", lab("m", "draft", position="2"))] == 0
 
 
+def test_one_listener_shared_by_calls_running_in_threads():
+    """A server's worker threads share one listener: two calls' events interleave (B's prefill between A's
+    prefill and A's last step); every request is observed once. (Kept one call's state for all threads: B's
+    prefill dropped A's request, 1 of 2 e2e observed.)"""
+    import threading
+
+    metrics = PrometheusMetrics(model_name="m")
+    listener = metrics.listener("draft")
+    turns = [threading.Event() for _ in range(4)]
+
+    def call(first: int, last: int, t: float):
+        turns[first].wait()
+        listener(StepEvent(0, 0, [[]], [0], [[4]], 0.0, 0.0, t, [False], rows=[0]))
+        turns[first + 1].set()
+        turns[last].wait()
+        listener(StepEvent(1, 3, [[7, 8, 9]], [2], [[7, 8, 3]], 0.0, 0.0, 2 * t, [True], rows=[0]))
+        if last + 1 < len(turns):
+            turns[last + 1].set()
+
+    threads = [threading.Thread(target=call, args=(0, 2, 1.0)), threading.Thread(target=call, args=(1, 3, 10.0))]
+    for th in threads:
+        th.start()
+    turns[0].set()
+    for th in threads:
+        th.join(timeout=30)
+    got = scrape(generate_latest(metrics.registry).decode())
+    key = lab("m", "draft")
+    assert got[("vllm:time_to_first_token_seconds_count", key)] == 2
+    assert got[("vllm:e2e_request_latency_seconds_count", key)] == 2
+    assert got[("vllm:e2e_request_latency_seconds_sum", key)] == pytest.approx(2.0 + 20.0)
+    assert got[("vllm:inter_token_latency_seconds_sum", key)] == pytest.approx(1.0 + 10.0)
+
+
 def test_two_model_names_kept_apart_and_a_model_names_itself():
     target, _ = tiny_pair()
     target.name_or_path = "org/tiny-target"  # what from_pretrained sets: the hub id or folder it loaded
