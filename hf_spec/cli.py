@@ -36,6 +36,8 @@ __all__ = ["main", "build_parser", "UsageError", "EXIT_USAGE", "EXIT_FAILURE"]
 EXIT_USAGE = 2
 #: exit status of a failure while running
 EXIT_FAILURE = 1
+#: exit status after Ctrl-C (SIGINT), as shells report a command killed by it: 128 + 2
+EXIT_INTERRUPTED = 130
 
 # what the commands raise for bad input (their bodies raise ValueError; paths given on the command line)
 _USAGE_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
@@ -186,7 +188,10 @@ TREE_HELP = ("draft trees: none (default: a chain of k tokens per step), N (a tr
 
 
 def _k_list(text: str) -> list:
-    return [_k_arg(x.strip()) for x in text.split(",") if x.strip()]
+    ks = [_k_arg(x.strip()) for x in text.split(",") if x.strip()]
+    if not ks:
+        raise argparse.ArgumentTypeError("expected integers >= 1 or auto, comma-separated, e.g. 1,2,3,5,auto")
+    return ks
 
 
 def _add_bench(sub) -> None:
@@ -362,9 +367,10 @@ def _runtime_errors() -> tuple[type[BaseException], ...]:
 
 
 def _wants_json(argv: list[str]) -> bool:
-    """``--json`` among the options (not after ``--``), read before parsing, so that usage errors honour it."""
+    """``--json`` among the options (not after ``--``) of a command that has it (``generate``, ``tune``), read
+    before parsing, so that usage errors honour it."""
     options = argv[:argv.index("--")] if "--" in argv else argv
-    return "--json" in options
+    return "--json" in options and any(command in options for command in ("generate", "tune"))
 
 
 def _fail(error: BaseException, status: int, as_json: bool) -> int:
@@ -403,6 +409,8 @@ def main(argv=None) -> int:
                 "provision": models.run_provision}
     try:
         return commands[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever torch was
+        return _fail(KeyboardInterrupt("interrupted"), EXIT_INTERRUPTED, as_json)
     except _USAGE_ERRORS as e:  # bad input: a message, not a traceback
         return _fail(e, EXIT_USAGE, as_json)
     except _runtime_errors() as e:  # a missing package, an unreachable hub, a corrupt download, memory

@@ -63,8 +63,16 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
                 text = obj["prompt"]
             else:
                 raise ValueError(f"{path}:{lineno}: expected a 'turns' or 'prompt' field")
-            if not isinstance(text, str) or not text.strip():
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{lineno}: the prompt must be a string, got {type(text).__name__}")
+            if not text.strip():
                 raise ValueError(f"{path}:{lineno}: empty prompt")
+            try:  # JSON may escape half of a surrogate pair: no tokenizer takes it
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{path}:{lineno}: the prompt holds a lone surrogate "
+                                 f"({text[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}, "
+                                 "half of a character cut in two; fix or drop that line") from None
             cat = str(obj.get("category", "default"))
             if wanted is not None and cat not in wanted:
                 continue

@@ -600,3 +600,104 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     assert not _runs_a_draft_model(parse_methods("suffix,ngram,hf-prompt-lookup,medusa:smollm2-135m", [3]))
     for spec in ("draft:smollm2-135m", "hybrid:draft:smollm2-135m", "ngram,hf-assisted"):
         assert _runs_a_draft_model(parse_methods(spec, [3], draft_name="smollm2-135m")), spec
+
+
+# found by a break-it pass of the command line: each of these was a traceback, a late error (after the model
+# loaded, or after a bench's first prompt), or bad input taken silently
+@pytest.mark.parametrize("argv,msg", [
+    (["generate", "--prompt", "hello \udcff world"], "--prompt is not UTF-8 text"),  # a non-UTF-8 byte in argv
+    (["generate", "--prompt", "hi", "--temperature", "nan"], "--temperature must be a finite number"),
+    (["generate", "--prompt", "hi", "--temperature", "inf"], "--temperature must be a finite number"),
+    (["generate", "--prompt", "hi", "--prometheus-port", "9100", "--prometheus-hold", "inf"], "--prometheus-hold"),
+    (["generate", "--prompt", "hi", "--seed", str(10**23)], "--seed must fit in 64 bits"),
+    (["generate", "--prompt", "hi", "--top-p", "0.5"], "--top-p is a sampling setting"),
+    (["generate", "--prompt", "hi", "--temperature", "1", "--top-k", "-5"], "--top-k must be >= 1"),
+    (["bench", "--methods", "ngram", "--out", ""], "--out '': empty"),
+    (["bench", "--methods", "ngram", "--k-sweep", ",", "--out", "x"], "argument --k-sweep"),
+    (["quantize", "--out", "OUT", "--group-size", "64", "--num-texts", "0"], "--num-texts must be >= 1"),
+])
+def test_more_bad_input_is_refused_before_any_model_loads(capsys, monkeypatch, tmp_path, argv, msg):
+    import hf_spec.models
+
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    status = cli.main([argv[0], "--target", "smollm2-135m", *argv[1:]])
+    out, err = capsys.readouterr()
+    assert status == 2 and msg in err and "Traceback" not in err, err
+
+
+def test_prompt_files_with_text_no_tokenizer_takes(capsys, monkeypatch, tmp_path):
+    import hf_spec.models
+
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    cases = {"half.jsonl": ('{"prompt": "a\\ud800b"}\n', "lone surrogate (\\ud800)"),
+             "num.jsonl": ('{"prompt": 5}\n', "the prompt must be a string, got int"),
+             "latin1.txt": (b"caf\xe9", "is not UTF-8 text")}
+    for name, (content, msg) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        assert cli.main(["generate", "--target", "smollm2-135m", "--prompt-file", str(path)]) == 2
+        assert msg in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hi \xff"), encoding="utf-8",
+                                                       errors="surrogateescape"))  # as in a C/POSIX locale
+    assert cli.main(["generate", "--target", "smollm2-135m", "--prompt-file", "-"]) == 2
+    assert "standard input (--prompt-file -) is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_bench_and_train_medusa_refuse_an_out_that_is_a_file(capsys, monkeypatch, tmp_path):
+    import hf_spec.models
+
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    out = tmp_path / "results.txt"
+    out.write_text("keep me")
+    text = tmp_path / "t.txt"
+    text.write_text("some text to train on\n\nmore text")
+    for argv in (["bench", "--methods", "ngram"], ["train-medusa", "--data", str(text)]):
+        assert cli.main([argv[0], "--target", "smollm2-135m", *argv[1:], "--out", str(out)]) == 2
+        assert "an existing file; give a folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    from hf_spec.commands import generate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "run", interrupted)
+    assert cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "hf-spec: error: interrupted\n"
+    assert cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--json"]) == 130
+    assert json.loads(capsys.readouterr().out)["error_type"] == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("content", [b"garbage\n", b"\x80\x04\x95"])  # not a pickle; a truncated one
+def test_an_unreadable_bench_journal_is_a_usage_error(tmp_path, content):
+    from hf_spec.bench.runner import _Journal
+
+    path = tmp_path / ".progress.pkl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="not a readable bench journal"):
+        _Journal(path, "key").load()
+
+
+def test_json_errors_only_for_the_commands_that_have_json(capsys):
+    """bench has no --json: argparse's error on standard error, not a JSON object on standard output."""
+    status = cli.main(["bench", "--target", "smollm2-135m", "--methods", "ngram", "--out", "x", "--json"])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "" and "unrecognized arguments: --json" in err
+
+
+def test_a_metrics_port_in_use_is_refused_before_any_model_loads(capsys, monkeypatch):
+    import socket
+
+    import hf_spec.models
+
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--prometheus-port", str(port)]) == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -256,8 +256,13 @@ class _Journal:
     def load(self) -> dict[str, dict]:
         if self.path is None or not self.path.exists():
             return {}
-        with open(self.path, "rb") as f:
-            state = pickle.load(f)
+        try:
+            with open(self.path, "rb") as f:
+                state = pickle.load(f)
+            state.get("key")
+        except Exception as e:  # truncated, or not a journal: pickle raises many kinds
+            raise ValueError(f"{self.path} is not a readable bench journal ({type(e).__name__}); delete it (the run "
+                             "starts over) or use another --out") from None
         if state.get("key") != self.key:
             raise ValueError(f"{self.path} holds a partial run with other settings; use another --out or delete it")
         return {p["question_id"]: p for p in state["prompts"]}

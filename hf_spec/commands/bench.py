@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,8 +22,13 @@ def run_bench_command(args) -> int:
     from ..models import load
     from ..drafters.registry import DRAFTERS
     from ..prompts import load_questions
-    from .generate import read_corpus
+    from .generate import check_seed, read_corpus
 
+    out_dir = Path(args.out)
+    if not args.out.strip() or (out_dir.exists() and not out_dir.is_dir()):  # else found after the first prompt
+        raise ValueError(f"--out {args.out!r}: {'an existing file' if args.out.strip() else 'empty'}; give a folder "
+                         "(made if missing)")
+    check_seed(args.seed)
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft, args.tree)  # bad methods fail before any model loads
     if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
@@ -38,8 +44,8 @@ def run_bench_command(args) -> int:
     if args.k_sweep and args.max_new_tokens < 2:
         raise ValueError("--k-sweep compares decode steps (time per output token after the first): give "
                          "--max-new-tokens >= 2")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise ValueError("--temperature must be a finite number >= 0")
     sampling = {name: value for name, value in (("top_p", args.top_p), ("top_k", args.top_k),
                                                 ("repetition_penalty", args.repetition_penalty)) if value is not None}
     if sampling and args.temperature == 0:
@@ -59,9 +65,14 @@ def run_bench_command(args) -> int:
     # the record of the code and machine as the run starts (a long run's report is written after later commits)
     machine = machine_info()
     journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
-    raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, repeats=args.repeats, draft_dtype=args.draft_dtype, seed=args.seed,
-                    journal=journal, corpus=corpus, sampling=sampling)
+    try:
+        raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, repeats=args.repeats, draft_dtype=args.draft_dtype,
+                        seed=args.seed, journal=journal, corpus=corpus, sampling=sampling)
+    except KeyboardInterrupt:
+        if journal.exists():
+            print(f"hf-spec: the finished prompts are in {journal}; the same command resumes", file=sys.stderr)
+        raise
     greedy = args.temperature == 0
     summary = summarize(raw, methods, greedy)
     prediction = speedup_vs_k(summary, methods) if args.k_sweep else None

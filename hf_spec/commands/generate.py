@@ -5,6 +5,7 @@ greedy output differs, the target's logits there)."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -45,10 +46,11 @@ def run(args) -> int:
     corpus = read_corpus(args.corpus)
     prompts = _read_prompts(args)
     dtype = resolve_dtype(args.dtype, device_map)
+    metrics = _serve_metrics(args)  # a port in use fails before any model loads
     model, tokenizer = load(args.target, dtype=dtype, device_map=device_map, quantization=args.quantization)
     drafter = make_drafter(spec, num_speculative_tokens=None if args.k == "auto" else args.k, target=model,
                            tokenizer=tokenizer, draft_dtype=args.draft_dtype, corpus=corpus)
-    listeners = _metrics_listeners(args, drafter)
+    listeners = [] if metrics is None else [metrics.listener(drafter.method)]
     rows, totals = _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype)
     # a draft model drafter's model, or a hybrid drafter's model source's
     draft_model = getattr(drafter, "draft_model", None) or getattr(getattr(drafter, "model_drafter", None),
@@ -77,16 +79,39 @@ def _check_args(args) -> None:
         raise ValueError("-k must be >= 1 or auto (use --drafter none to decode without speculation)")
     if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
         raise ValueError("--prometheus-port must be a TCP port (1-65535)")
-    if args.prometheus_hold < 0:
-        raise ValueError("--prometheus-hold must be >= 0 seconds")
+    if not 0 <= args.prometheus_hold <= 86400:  # NaN and inf too (time.sleep(inf) overflows)
+        raise ValueError("--prometheus-hold must be 0 to 86400 seconds")
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be >= 1")
     if args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0 (0 decodes greedily)")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):  # NaN decoded greedily, inf uniformly
+        raise ValueError("--temperature must be a finite number >= 0 (0 decodes greedily)")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError("--top-p must be in (0, 1]")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError("--top-k must be >= 1")
+    sampling = [flag for flag, value in (("--top-p", args.top_p), ("--top-k", args.top_k)) if value is not None]
+    if sampling and args.temperature == 0:  # greedy decoding would ignore them without a word
+        raise ValueError(f"{sampling[0]} is a sampling setting: give --temperature > 0 too")
+    check_seed(args.seed)
+
+
+def check_seed(seed: int) -> None:
+    """``--seed`` as torch takes it (``torch.manual_seed`` overflows past 64 bits, after the model loaded)."""
+    if not -2**63 <= seed < 2**64:
+        raise ValueError(f"--seed must fit in 64 bits (e.g. 0 to {2**63 - 1}), got {seed}")
+
+
+def _check_text(text: str, where: str) -> str:
+    """``text`` if it is Unicode a tokenizer takes; a lone surrogate (a byte that is not UTF-8 on the command line
+    or standard input, or half a pair escaped in JSON) is a usage error, not a traceback after the model loaded."""
+    from ..drafters.suffix import lone_surrogate
+
+    bad = lone_surrogate(text)
+    if bad:
+        raise ValueError(f"{where} is not UTF-8 text: it holds {bad}; fix the encoding (e.g. iconv -t UTF-8)")
+    return text
 
 
 def read_corpus(paths) -> list[str] | None:
@@ -140,12 +165,12 @@ def _read_prompts(args) -> list[str]:
     if args.prompt is not None:
         if not args.prompt.strip():
             raise ValueError("empty prompt: give some text with --prompt")
-        return [args.prompt]
+        return [_check_text(args.prompt, "--prompt")]
     if args.prompt_file == "-":  # standard input: one text prompt
         text = sys.stdin.read()
         if not text.strip():
             raise ValueError("empty prompt on standard input (--prompt-file -)")
-        return [text]
+        return [_check_text(text, "standard input (--prompt-file -)")]
     path = Path(args.prompt_file)
     if not path.exists():  # a pipe (<(command), /dev/fd/N) or a FIFO exists too, and is read like a file
         raise ValueError(f"no such prompt file: {path}")
@@ -158,16 +183,21 @@ def _read_prompts(args) -> list[str]:
         if not prompts:
             raise ValueError(f"no prompts in {path}: expected one JSON object with 'prompt' or 'turns' per line")
         return prompts
-    text = path.read_text(encoding="utf-8")  # read once: a pipe cannot be read again
+    try:
+        text = path.read_text(encoding="utf-8")  # read once: a pipe cannot be read again
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt-file {path} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") \
+            from None
     if not text.strip():
         raise ValueError(f"empty prompt file: {path}")
     return [text]
 
 
-def _metrics_listeners(args, drafter) -> list:
-    """``--prometheus-port``: serve vLLM-named metrics on loopback, fed by an event listener."""
+def _serve_metrics(args):
+    """``--prometheus-port``: serve vLLM-named metrics on loopback; the :class:`~hf_spec.PrometheusMetrics` (its
+    listener feeds them), or ``None`` without the flag."""
     if args.prometheus_port is None:
-        return []
+        return None
     from ..prometheus import PrometheusMetrics
 
     metrics = PrometheusMetrics(model_name=args.target)  # the model_name label, as vLLM's served name is its --model
@@ -176,7 +206,7 @@ def _metrics_listeners(args, drafter) -> list:
     except OSError as e:
         raise ValueError(f"cannot serve metrics on 127.0.0.1:{args.prometheus_port}: {e}") from e
     print(f"hf-spec: Prometheus metrics on http://127.0.0.1:{server.server_port}/metrics", file=sys.stderr)
-    return [metrics.listener(drafter.method)]
+    return metrics
 
 
 def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) -> tuple[list[dict], dict]:
