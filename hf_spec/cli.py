@@ -235,7 +235,7 @@ def _add_bench(sub) -> None:
     _add_device_map(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0; prompt i uses seed + i)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots; an "
-                   "interrupted run keeps its finished prompts in OUT/.progress.pkl and the same command resumes")
+                   "interrupted run keeps its finished prompts in OUT/.progress.json and the same command resumes")
 
 
 def _add_tune(sub) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hf_spec.bench import KEYS, markdown_table, parse_methods, write_report
+from hf_spec.metrics import SpecStats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -227,7 +228,7 @@ def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch)
     model, tok = smol
     questions = load_questions(categories=["coding"], per_category=2)
     methods = parse_methods("ngram", [2])
-    journal = tmp_path / "out" / ".progress.pkl"
+    journal = tmp_path / "out" / ".progress.json"
     real = bench._run_once
     calls = {"n": 0}
 
@@ -246,10 +247,12 @@ def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch)
     raw = bench.run_bench(model, tok, methods, questions, **kw)
     assert calls["n"] == -100 + 2 + 2  # warm-up again, then only prompt 2
     assert [p["question_id"] for p in raw["prompts"]] == [q.question_id for q in questions]
+    first = raw["prompts"][0]["runs"]["ngram"]  # read back from the JSON journal as the run made it
+    assert isinstance(first["stats"], SpecStats) and first["stats"].num_emitted_tokens == len(first["tokens"])
     with pytest.raises(ValueError, match="other settings"):
         bench.run_bench(model, tok, methods, questions, max_new_tokens=5, progress=False, journal=journal)
     # a corpus is a setting too: a run resumed with another corpus would mix prompts drafted from two
-    suffix, other = parse_methods("suffix", [2]), dict(kw, journal=tmp_path / "other" / ".progress.pkl")
+    suffix, other = parse_methods("suffix", [2]), dict(kw, journal=tmp_path / "other" / ".progress.json")
     calls["n"] = 0  # fails again at the 5th run: 2 warm-up runs, prompt 1's 2 runs
     with pytest.raises(KeyboardInterrupt):
         bench.run_bench(model, tok, suffix, questions, corpus=["def f(): pass"], **other)

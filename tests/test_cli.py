@@ -676,7 +676,7 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
 def test_an_unreadable_bench_journal_is_a_usage_error(tmp_path, content):
     from hf_spec.bench.runner import _Journal
 
-    path = tmp_path / ".progress.pkl"
+    path = tmp_path / ".progress.json"
     path.write_bytes(content)
     with pytest.raises(ValueError, match="not a readable bench journal"):
         _Journal(path, "key").load()

@@ -13,8 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -246,8 +245,9 @@ def _name_differences(target, tokenizer, prompt, kept: dict) -> None:
 
 
 class _Journal:
-    """Each finished prompt's measurements, saved atomically as the run goes, under a key of the run's
-    settings: a run with the same settings resumes from it; other settings are refused."""
+    """Each finished prompt's measurements, saved atomically as JSON as the run goes, under a key of the run's
+    settings: a run with the same settings resumes from it; other settings are refused. (JSON, not pickle: the
+    file sits in a folder the user names, and reading it must not run code.)"""
 
     def __init__(self, path: str | Path | None, key: str):
         self.path = Path(path) if path is not None else None
@@ -257,23 +257,30 @@ class _Journal:
         if self.path is None or not self.path.exists():
             return {}
         try:
-            with open(self.path, "rb") as f:
-                state = pickle.load(f)
-            state.get("key")
-        except Exception as e:  # truncated, or not a journal: pickle raises many kinds
+            state = json.loads(self.path.read_text())
+            prompts = {p["question_id"]: p for p in state["prompts"]}
+            for p in prompts.values():
+                for run in p["runs"].values():
+                    if "stats" in run:
+                        run["stats"] = SpecStats(**run["stats"])
+        except Exception as e:  # truncated, or not a journal
             raise ValueError(f"{self.path} is not a readable bench journal ({type(e).__name__}); delete it (the run "
                              "starts over) or use another --out") from None
         if state.get("key") != self.key:
             raise ValueError(f"{self.path} holds a partial run with other settings; use another --out or delete it")
-        return {p["question_id"]: p for p in state["prompts"]}
+        return prompts
 
     def save(self, prompts: list[dict]) -> None:
         if self.path is None:
             return
+        per_row = {"per_row"}  # bench rows are single prompts: SpecStats' own fields but the per-row split
+        plain = [p | {"runs": {name: run | ({"stats": {f.name: getattr(run["stats"], f.name)
+                                                        for f in fields(SpecStats) if f.name not in per_row}}
+                                            if "stats" in run else {})
+                               for name, run in p["runs"].items()}} for p in prompts]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump({"key": self.key, "prompts": prompts}, f)
+        tmp.write_text(json.dumps({"key": self.key, "prompts": plain}))
         os.replace(tmp, self.path)
 
 

@@ -64,7 +64,7 @@ def run_bench_command(args) -> int:
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
     # the record of the code and machine as the run starts (a long run's report is written after later commits)
     machine = machine_info()
-    journal = Path(args.out) / ".progress.pkl"  # an interrupted run resumes from it (same command)
+    journal = Path(args.out) / ".progress.json"  # an interrupted run resumes from it (same command)
     try:
         raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, repeats=args.repeats, draft_dtype=args.draft_dtype,
