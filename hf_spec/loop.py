@@ -121,9 +121,9 @@ def generate(
         ValueError: a decoding algorithm other than greedy decoding or sampling (beam search, contrastive search,
             DoLa, constrained beam search) or ``num_return_sequences`` > 1; transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
-            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a right-padded batch or
-            a row whose mask has holes; k < 1 or above what the drafter can propose; a streamer with batch size >
-            1; or a cache that cannot be cropped.
+            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a
+            right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
+            streamer with batch size > 1; or a cache that cannot be cropped.
 
     Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
     stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
