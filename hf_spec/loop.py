@@ -119,7 +119,8 @@ def generate(
 
     Raises:
         ValueError: a decoding algorithm other than greedy decoding or sampling (beam search, contrastive search,
-            DoLa, constrained beam search) or ``num_return_sequences`` > 1; transformers' own assisted-generation
+            DoLa, constrained beam search) or ``num_return_sequences`` > 1 outside ``generate`` (which repeats the
+            prompts for it); transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
             this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a
             right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
@@ -164,6 +165,11 @@ def generate(
             if streamer is None and input_ids.shape[0] == 1:  # a batch gets the loop's error below
                 spec_streamer.put(input_ids.cpu())  # the prompt first, as generate does with its own streamer
             streamer = spec_streamer
+    if caller is not None and (generation_config.num_return_sequences or 1) > 1:
+        # generate repeated each prompt num_return_sequences times already (it refuses this under greedy decoding):
+        # the rows sample independently, as plain sampling's do
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.num_return_sequences = 1
     out = speculative_decode(
         model,
         input_ids,
@@ -240,7 +246,9 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "several positions per forward); drop them, or call generate without a drafter for them. output_scores "
             "and output_logits are returned")
     if (generation_config.num_return_sequences or 1) > 1:
-        raise ValueError("num_return_sequences > 1 is not supported; call generate once per sample")
+        raise ValueError("num_return_sequences > 1 repeats each prompt, which model.generate does before it calls "
+                         "hf-spec: call it through generate(..., custom_generate=hf_spec.generate), or repeat the "
+                         "prompts yourself (input_ids.repeat_interleave(n, dim=0))")
     if drafter is not None and any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor)
                                    for p in logits_processor or []):
         raise ValueError(

@@ -72,7 +72,6 @@ def main() -> int:
         "|---|---|---|",
         "| `num_beams > 1` | beam search keeps several hypotheses per row; speculative decoding verifies one | "
         "`tests/test_loop.py` |",
-        "| `num_return_sequences > 1` | call `generate` once per sample | `tests/test_loop.py` |",
         "| a static or quantized cache (`cache_implementation=\"static\"`, `\"quantized\"`) | rejected drafts are rolled back, "
         "which needs a `DynamicCache` | `tests/test_loop.py` |",
         "| continuing from a filled cache | pass the whole sequence as `input_ids` | `tests/test_loop.py` |",

@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation import MaxLengthCriteria, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation import (MaxLengthCriteria, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+                                     TopKLogitsWarper, TopPLogitsWarper)
 
 import hf_spec
 import hf_spec.acceptance
@@ -215,3 +216,26 @@ def test_suffix_tree_sampling_is_distribution_exact_and_a_wrong_sibling_rule_fai
     assert pvalue(counts(7), exact) > ALPHA
     monkeypatch.setattr(hf_spec.loop, "speculative_sample_tree", wrong_sibling_rule)
     assert pvalue(counts(8), exact) < ALPHA
+
+
+def test_num_return_sequences_are_independent_exact_samples(pair):
+    """``num_return_sequences=n`` through generate: n rows per prompt (generate repeats the prompts, the loop
+    decodes them as a batch), prompts in order as plain sampling returns them, and the rows are samples of the
+    target's processed distribution: 1,500 rows of one call pass the chi-square test (refused before)."""
+    target, draft = pair
+    torch.manual_seed(3)
+    run = dict(do_sample=True, temperature=0.8, top_k=4, top_p=0.9, max_new_tokens=NEW + 1, min_new_tokens=NEW + 1,
+               custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 2))
+    out = target.generate(PROMPT, num_return_sequences=N_RUNS, **run)
+    assert out.shape == (N_RUNS, PROMPT.shape[1] + NEW + 1)
+    counts = {}
+    for row in out[:, PROMPT.shape[1]:PROMPT.shape[1] + NEW].tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    # min_new_tokens keeps EOS (token 1) out first, then generate's warpers in processors()' order
+    no_eos = LogitsProcessorList([SuppressTokensLogitsProcessor([1]), *processors(0.8)])
+    assert pvalue(counts, exact_distribution(target, no_eos)) > ALPHA
+    two = torch.tensor([[0, 4, 7], [0, 2, 5]])
+    out = target.generate(two, attention_mask=torch.ones_like(two), num_return_sequences=3, **run)
+    assert out.shape[0] == 6 and out[:3, :3].eq(two[0]).all() and out[3:, :3].eq(two[1]).all()
+    with pytest.raises(ValueError, match="num_return_sequences"):  # generate's own rule: greedy has one answer
+        target.generate(PROMPT, num_return_sequences=2, **dict(run, do_sample=False))
