@@ -68,7 +68,7 @@ def test_generate_batches_compare_json(tmp_path):
 @slow
 @pytest.mark.parametrize("args,msg", [
     (["--batch-size", "0"], "--batch-size must be >= 1"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["-k", "0"], "argument -k/--num-speculative-tokens: expected an integer >= 1 or auto, got '0'"),
     (["--prompt", "  "], "empty prompt"),
     (["--drafter", "medusa-ish"], "unknown drafter"),
