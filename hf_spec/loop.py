@@ -584,8 +584,9 @@ def _speculative_decode(
         if path is not None:  # a tree: the verified positions along the accepted path, the root (column 0) first
             columns = torch.cat([path.new_zeros(n_rows, 1), (path + 1).clamp(min=0)], dim=1)
         n_acc, nxt = num_accepted.tolist(), next_token.tolist()
-        accepted_tokens = [drafts_list[i][: n_acc[i]] if path is None else
-                           [drafts_list[i][j] for j in path[i, : n_acc[i]].tolist()] for i in range(n_rows)]
+        # each row's accepted nodes, root first (a chain's are its first n_acc tokens): its tokens, and the event's
+        nodes = [list(range(n)) for n in n_acc] if path is None else [p[:n] for p, n in zip(path.tolist(), n_acc)]
+        accepted_tokens = [[drafts_list[i][j] for j in nodes[i]] for i in range(n_rows)]
         along = (lambda t: t) if columns is None else \
             (lambda t: t.gather(1, columns[:, :, None].expand(-1, -1, t.shape[-1])))
         step_scores = along(target_scores) if scores_out is not None else None
@@ -612,8 +613,7 @@ def _speculative_decode(
                 rows=list(active), sources=sources,
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
                 positions=k + 1,
-                accepted_path=[(list(range(n_acc[i])) if path is None else path[i, : n_acc[i]].tolist())
-                               [: len(emitted[i])] for i in range(n_rows)],
+                accepted_path=[nodes[i][: len(emitted[i])] for i in range(n_rows)],
             )
         )
     if session is not None:

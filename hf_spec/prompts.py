@@ -36,8 +36,10 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
     Raises:
         FileNotFoundError: no such file.
         ValueError: a line that is not a JSON object, has neither ``turns`` (a list) nor ``prompt``, or whose
-            prompt is empty; a category in ``categories`` that the file does not have.
+            prompt is not a string, is empty or holds a lone surrogate; a category in ``categories`` that the file does not have.
     """
+    from .drafters.suffix import lone_surrogate
+
     path = Path(path) if path is not None else SPECBENCH_PATH
     wanted = set(categories) if categories else None
     counts: dict[str, int] = {}
@@ -67,12 +69,9 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
                 raise ValueError(f"{path}:{lineno}: the prompt must be a string, got {type(text).__name__}")
             if not text.strip():
                 raise ValueError(f"{path}:{lineno}: empty prompt")
-            try:  # JSON may escape half of a surrogate pair: no tokenizer takes it
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"{path}:{lineno}: the prompt holds a lone surrogate "
-                                 f"({text[e.start:e.end].encode('unicode_escape').decode()}) at character {e.start}, "
-                                 "half of a character cut in two; fix or drop that line") from None
+            if bad := lone_surrogate(text):  # JSON may escape half of a surrogate pair: no tokenizer takes it
+                raise ValueError(f"{path}:{lineno}: the prompt holds {bad}, half of a character cut in two; fix or "
+                                 "drop that line")
             cat = str(obj.get("category", "default"))
             if wanted is not None and cat not in wanted:
                 continue

@@ -613,6 +613,10 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     (["generate", "--prompt", "hi", "--top-p", "0.5"], "--top-p is a sampling setting"),
     (["generate", "--prompt", "hi", "--temperature", "1", "--top-k", "-5"], "--top-k must be >= 1"),
     (["bench", "--methods", "ngram", "--out", ""], "--out '': empty"),
+    # bench shares generate's sampling checks
+    (["bench", "--methods", "ngram", "--out", "OUT", "--temperature", "nan"], "--temperature must be a finite number"),
+    (["bench", "--methods", "ngram", "--out", "OUT", "--repetition-penalty", "1.1"], "is a sampling setting"),
+    (["bench", "--methods", "ngram", "--out", "OUT", "--seed", str(10**23)], "--seed must fit in 64 bits"),
     (["bench", "--methods", "ngram", "--k-sweep", ",", "--out", "x"], "argument --k-sweep"),
     (["quantize", "--out", "OUT", "--group-size", "64", "--num-texts", "0"], "--num-texts must be >= 1"),
 ])

@@ -203,6 +203,14 @@ def test_beam_and_other_modes_refused(tiny):
     target, draft = tiny
     with pytest.raises(ValueError, match="beam search"):
         _gen(target, hf_spec.NgramDrafter(2), num_beams=2)
+    # num_return_sequences runs through generate, which repeats the prompts; called directly, the loop says so
+    from transformers import GenerationConfig, StoppingCriteriaList
+    from transformers.generation import MaxLengthCriteria
+
+    config = GenerationConfig(do_sample=True, num_return_sequences=2, max_length=PROMPT.shape[1] + 4)
+    with pytest.raises(ValueError, match="repeat_interleave"):
+        hf_spec.speculative_decode(target, PROMPT, hf_spec.NgramDrafter(2), generation_config=config,
+                                   stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(config.max_length)]))
     with pytest.raises(TypeError, match="Drafter"):
         _gen(target, draft)  # a model is not a drafter: wrap it in DraftModelDrafter
     with pytest.raises(ValueError, match="unsupported cache"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -22,13 +21,9 @@ def run_bench_command(args) -> int:
     from ..models import load
     from ..drafters.registry import DRAFTERS
     from ..prompts import load_questions
-    from .generate import check_seed, read_corpus
+    from .generate import check_out_folder, check_sampling, read_corpus
 
-    out_dir = Path(args.out)
-    if not args.out.strip() or (out_dir.exists() and not out_dir.is_dir()):  # else found after the first prompt
-        raise ValueError(f"--out {args.out!r}: {'an existing file' if args.out.strip() else 'empty'}; give a folder "
-                         "(made if missing)")
-    check_seed(args.seed)
+    check_out_folder(args.out)
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft, args.tree)  # bad methods fail before any model loads
     if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
@@ -44,15 +39,9 @@ def run_bench_command(args) -> int:
     if args.k_sweep and args.max_new_tokens < 2:
         raise ValueError("--k-sweep compares decode steps (time per output token after the first): give "
                          "--max-new-tokens >= 2")
-    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
-        raise ValueError("--temperature must be a finite number >= 0")
+    check_sampling(args)
     sampling = {name: value for name, value in (("top_p", args.top_p), ("top_k", args.top_k),
                                                 ("repetition_penalty", args.repetition_penalty)) if value is not None}
-    if sampling and args.temperature == 0:
-        raise ValueError("--top-p, --top-k and --repetition-penalty are sampling settings: give --temperature > 0 too")
-    if (args.top_p is not None and not 0 < args.top_p <= 1) or (args.top_k is not None and args.top_k < 1) \
-            or (args.repetition_penalty is not None and not args.repetition_penalty > 0):
-        raise ValueError("need 0 < --top-p <= 1, --top-k >= 1 and --repetition-penalty > 0")
     cats = args.categories.split(",") if args.categories else None
     questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
     if not questions:

@@ -85,22 +85,43 @@ def _check_args(args) -> None:
         raise ValueError("--max-new-tokens must be >= 1")
     if args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
-    if not (args.temperature >= 0 and math.isfinite(args.temperature)):  # NaN decoded greedily, inf uniformly
+    check_sampling(args)
+
+
+def check_sampling(args) -> None:
+    """The sampling flags of ``generate`` and ``bench``: ``--temperature`` (finite, >= 0; NaN decoded greedily, inf
+    uniformly), ``--top-p`` in (0, 1], ``--top-k`` >= 1, ``--repetition-penalty`` > 0 (bench), none of them without
+    a temperature > 0 (greedy decoding would ignore them without a word), and ``--seed`` as torch takes it
+    (``torch.manual_seed`` overflows past 64 bits, after the model loaded).
+
+    Raises:
+        ValueError: naming the flag and its range.
+    """
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError("--temperature must be a finite number >= 0 (0 decodes greedily)")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError("--top-p must be in (0, 1]")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError("--top-k must be >= 1")
-    sampling = [flag for flag, value in (("--top-p", args.top_p), ("--top-k", args.top_k)) if value is not None]
-    if sampling and args.temperature == 0:  # greedy decoding would ignore them without a word
-        raise ValueError(f"{sampling[0]} is a sampling setting: give --temperature > 0 too")
-    check_seed(args.seed)
+    flags = (("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"), ("--top-k", args.top_k, lambda v: v >= 1, ">= 1"),
+             ("--repetition-penalty", getattr(args, "repetition_penalty", None), lambda v: v > 0, "> 0"))
+    for flag, value, ok, bound in flags:
+        if value is not None and not ok(value):
+            raise ValueError(f"{flag} must be {bound}")
+        if value is not None and args.temperature == 0:
+            raise ValueError(f"{flag} is a sampling setting: give --temperature > 0 too")
+    if not -2**63 <= args.seed < 2**64:
+        raise ValueError(f"--seed must fit in 64 bits (e.g. 0 to {2**63 - 1}), got {args.seed}")
 
 
-def check_seed(seed: int) -> None:
-    """``--seed`` as torch takes it (``torch.manual_seed`` overflows past 64 bits, after the model loaded)."""
-    if not -2**63 <= seed < 2**64:
-        raise ValueError(f"--seed must fit in 64 bits (e.g. 0 to {2**63 - 1}), got {seed}")
+def check_out_folder(out: str) -> Path:
+    """``--out`` of ``bench`` and ``train-medusa``: a folder (made if missing), checked before any model loads
+    (else an existing file is found once the work has begun, and an empty one is the current folder).
+
+    Raises:
+        ValueError: ``out`` is empty or an existing file.
+    """
+    path = Path(out)
+    if not out.strip() or (path.exists() and not path.is_dir()):
+        raise ValueError(f"--out {out!r}: {'an existing file' if out.strip() else 'empty'}; give a folder (made if "
+                         "missing)")
+    return path
 
 
 def _check_text(text: str, where: str) -> str:

@@ -19,10 +19,9 @@ def run_train_medusa(args) -> int:
 
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
     settings.check()  # before loading the target
-    from pathlib import Path
+    from .generate import check_out_folder
 
-    if Path(args.out).exists() and not Path(args.out).is_dir():  # else found once the target has loaded
-        raise ValueError(f"--out {args.out}: an existing file; give a folder (made if missing)")
+    check_out_folder(args.out)  # else found once the target has loaded
     loaded = load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target, loaded=loaded)
