@@ -81,7 +81,7 @@ JSON_HELP = ("print one JSON object on standard output: the result, or on failur
              "\"exit_status\"}")
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
 DRAFT_DTYPE_CHOICES = DTYPE_CHOICES + ["int8", "int4"]
-DRAFT_DTYPE_HELP = ("draft model dtype; a draft's rounding cannot change the output, and fewer bytes make each drafted "
+DRAFT_DTYPE_HELP = ("draft model dtype (default auto; only with a draft model); a draft's rounding cannot change the output, and fewer bytes make each drafted "
                     "token cheaper. auto = int4 on a CPU with native bfloat16 (avx512_bf16, amx_bf16), else int8 on "
                     "a CPU with VNNI (avx512_vnni, avx_vnni, amx_int8), else bfloat16 "
                     "(float16 beside a float16 target); int8 = linear layers int8 with dynamic activation quantization "
@@ -119,7 +119,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--quantization", choices=["nf4", "fp4"], default=None,
                    help="quantize the target's weights to 4 bits with bitsandbytes while loading (computing in "
                         "--dtype); an AWQ or GPTQ checkpoint needs none: pass its folder as --target")
-    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
+    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default=None, help=DRAFT_DTYPE_HELP)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE",
@@ -231,7 +231,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt and method; the median run is kept")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
-    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
+    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default=None, help=DRAFT_DTYPE_HELP)
     _add_device_map(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0; prompt i uses seed + i)")
     p.add_argument("--out", required=True, help="folder for results.json, results.md and the plots; an "
@@ -253,7 +253,7 @@ def _add_tune(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, at most (default 64)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")
-    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default="auto", help=DRAFT_DTYPE_HELP)
+    p.add_argument("--draft-dtype", choices=DRAFT_DTYPE_CHOICES, default=None, help=DRAFT_DTYPE_HELP)
     _add_device_map(p)
     p.add_argument("--no-check", action="store_true", help="only predict; skip measuring the speedup at the best k")
     p.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -619,6 +619,14 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     (["bench", "--methods", "ngram", "--out", "OUT", "--seed", str(10**23)], "--seed must fit in 64 bits"),
     (["bench", "--methods", "ngram", "--k-sweep", ",", "--out", "x"], "argument --k-sweep"),
     (["quantize", "--out", "OUT", "--group-size", "64", "--num-texts", "0"], "--num-texts must be >= 1"),
+    # flags that would do nothing: a draft dtype without a draft model, a metrics hold without a metrics server
+    (["generate", "--prompt", "hi", "--drafter", "ngram", "--draft-dtype", "int4"], "--draft-dtype int4 sets a draft"),
+    (["generate", "--prompt", "hi", "--drafter", "hybrid:medusa:smollm2-135m", "--draft-dtype", "int8"],
+     "'hybrid:medusa:smollm2-135m' runs none"),
+    (["bench", "--methods", "baseline,suffix,hf-prompt-lookup", "--out", "OUT", "--draft-dtype", "bfloat16"],
+     "--draft-dtype bfloat16 sets a draft"),
+    (["tune", "--drafter", "ngram", "--draft-dtype", "int4"], "--draft-dtype int4 sets a draft"),
+    (["generate", "--prompt", "hi", "--prometheus-hold", "30"], "there is none without --prometheus-port"),
 ])
 def test_more_bad_input_is_refused_before_any_model_loads(capsys, monkeypatch, tmp_path, argv, msg):
     import hf_spec.models

@@ -21,11 +21,12 @@ def run_bench_command(args) -> int:
     from ..models import load
     from ..drafters.registry import DRAFTERS
     from ..prompts import load_questions
-    from .generate import check_out_folder, check_sampling, read_corpus
+    from .generate import check_out_folder, check_sampling, draft_dtype_flag, read_corpus
 
     check_out_folder(args.out)
     ks = args.k_sweep or [args.k]  # [None]: each method's own k (a Medusa checkpoint's head count, ...)
     methods = parse_methods(args.methods, ks, args.draft, args.tree)  # bad methods fail before any model loads
+    args.draft_dtype = draft_dtype_flag(args, _runs_a_draft_model(methods), args.methods)
     if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
                                for m in methods):
         raise ValueError("--corpus needs a method that drafts from one: suffix or hybrid:draft:MODEL")
@@ -99,6 +100,7 @@ def run_tune(args) -> int:
     from ..models import load
     from ..prompts import load_questions
     from ..tuning import conditional_acceptance, expected_speedups, in_loop_costs
+    from .generate import draft_dtype_flag, uses_a_draft_model
 
     if args.k_max < 1:
         raise ValueError("--k-max must be >= 1")
@@ -108,6 +110,7 @@ def run_tune(args) -> int:
     spec = parse_drafter(args.drafter)
     if spec is None:
         raise ValueError("--drafter none has nothing to tune; use ngram, draft:MODEL or medusa:DIR")
+    args.draft_dtype = draft_dtype_flag(args, uses_a_draft_model(spec), args.drafter)
     questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")

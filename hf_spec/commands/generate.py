@@ -29,8 +29,9 @@ def run(args) -> int:
 
     _check_args(args)
     device_map = resolve_device_map(args.device_map)  # a device this machine lacks fails before any model loads
-    check_draft_dtype(args.draft_dtype, device_map)
     spec = parse_drafter(args.drafter, None if args.k == "auto" else args.k)  # a bad spec fails before any model loads
+    args.draft_dtype = draft_dtype_flag(args, uses_a_draft_model(spec), args.drafter)
+    check_draft_dtype(args.draft_dtype, device_map)
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
         raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
                          f"{args.drafter!r}")
@@ -81,11 +82,37 @@ def _check_args(args) -> None:
         raise ValueError("--prometheus-port must be a TCP port (1-65535)")
     if not 0 <= args.prometheus_hold <= 86400:  # NaN and inf too (time.sleep(inf) overflows)
         raise ValueError("--prometheus-hold must be 0 to 86400 seconds")
+    if args.prometheus_hold > 0 and args.prometheus_port is None:
+        raise ValueError("--prometheus-hold keeps the metrics server up after generation, and there is none without "
+                         "--prometheus-port: add --prometheus-port PORT, or drop --prometheus-hold")
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be >= 1")
     if args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
     check_sampling(args)
+
+
+def draft_dtype_flag(args, runs_a_draft_model: bool, drafter: str) -> str:
+    """``--draft-dtype`` as the loaders take it: ``"auto"`` when not given; refused when given to a run without a
+    draft model, where it would do nothing without a word.
+
+    Args:
+        runs_a_draft_model: whether the drafter (or a bench method) drafts with a draft model.
+        drafter: the drafter spec or methods, for the message.
+
+    Raises:
+        ValueError: ``--draft-dtype`` given and no draft model to apply it to.
+    """
+    if args.draft_dtype is not None and not runs_a_draft_model:
+        raise ValueError(f"--draft-dtype {args.draft_dtype} sets a draft model's dtype, and {drafter!r} runs none: drop "
+                         "the flag, or draft with a model (draft:MODEL, hybrid:draft:MODEL; bench: hf-assisted too)")
+    return args.draft_dtype or "auto"
+
+
+def uses_a_draft_model(spec) -> bool:
+    """Whether a parsed drafter spec (or ``None``) drafts with a draft model: ``draft:MODEL`` or
+    ``hybrid:draft:MODEL``."""
+    return spec is not None and str(spec).startswith(("draft:", "hybrid:draft:"))
 
 
 def check_sampling(args) -> None:
