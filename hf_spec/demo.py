@@ -37,7 +37,8 @@ from transformers.generation.streamers import BaseStreamer
 from .events import StepEvent
 from .metrics import SpecStats
 
-__all__ = ["render_tokens", "render_tree", "build_app", "main", "DemoModels", "RunLog", "stream"]
+__all__ = ["render_tokens", "render_step", "render_tree", "TokenTexts", "build_app", "main", "DemoModels", "RunLog",
+           "stream"]
 
 MAX_NEW_TOKENS = 1024
 K_CHOICES = ["auto"] + [str(k) for k in range(1, 13)]
@@ -85,27 +86,81 @@ def _step_tree(ev: StepEvent) -> tuple[list[int], list[int], list[int], bool]:
     return drafted, parents, path, bool(path) and len(path) == len(ev.emitted[0])
 
 
-def render_tokens(events: list[StepEvent], decode) -> str:
+class TokenTexts:
+    """The text of each generated token as the page shows it, decoded in context: a character that a byte-level
+    tokenizer splits over several tokens (an emoji, most CJK characters) shows whole on the token that completes
+    it, the tokens before it showing nothing (decoded alone, each would show U+FFFD), and a token keeps the
+    leading space that a SentencePiece tokenizer drops at the start of a text. ``"".join`` of the texts is the
+    decoded sequence (less a character still incomplete at its end).
+
+    ``decode`` maps a list of token ids to its text (the tokenizer's ``decode``).
+    """
+
+    #: tokens held at most for one character (UTF-8 has at most 4 bytes; a tokenizer may split them further)
+    MAX_HELD = 8
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.held = 0  # trailing ids whose text is not shown yet (an incomplete character)
+
+    def _text(self, ids: list[int]) -> str:
+        """The text of ``ids`` after the sequence's shown part: decoded after the token before them."""
+        start = len(self.ids) - self.held
+        before = self.ids[start - 1:start]
+        text = self.decode(before + ids)
+        if before:
+            head = self.decode(before)
+            text = text[len(head):] if text.startswith(head) else text
+        return text
+
+    def push(self, token: int) -> str:
+        """Append a token of the sequence; its text ("" while the character it begins is incomplete)."""
+        text = self._text(self.ids[len(self.ids) - self.held:] + [token])
+        self.ids.append(token)
+        if text.endswith("\ufffd") and self.held < self.MAX_HELD:
+            self.held += 1
+            return ""
+        self.held = 0
+        return text
+
+    def candidate(self, token: int) -> str:
+        """The text a drafted token would have after the sequence so far (a rejected draft token)."""
+        return self._text(self.ids[len(self.ids) - self.held:] + [token])
+
+    def join(self, ids) -> str:
+        """Push ``ids`` and return their texts joined (the run log's text, as the page shows it)."""
+        return "".join(self.push(t) for t in ids)
+
+
+def render_step(ev: StepEvent, decode, texts: TokenTexts | None = None) -> str:
+    """HTML of one step of one sequence (batch size 1), :func:`render_tokens`' part for ``ev``. With ``texts``
+    (the sequence's :class:`TokenTexts`, which this advances) tokens are decoded in context, else each alone
+    with ``decode`` (a token id to its text)."""
+    parts = []
+    show = texts.push if texts is not None else decode
+    accepted, emitted = ev.num_accepted[0], ev.emitted[0]
+    drafted, parents, path, cut = _step_tree(ev)
+    for tok in emitted[:accepted + cut]:
+        parts.append(_span("acc", show(tok)))
+    if len(emitted) > accepted and not cut:
+        below = path[-1] if path else -1
+        rejected = [j for j, p in enumerate(parents) if p == below]  # the candidates after the accepted ones
+        if not ev.parents:  # a chain: the whole rest of it
+            rejected = list(range(len(path), len(drafted)))
+        for j in rejected:
+            parts.append(_span("rej", texts.candidate(drafted[j]) if texts is not None else decode(drafted[j])))
+        kind = "bonus" if drafted and not any(p == below for p in parents) else "fix"
+        parts.append(_span(kind, show(emitted[accepted])))
+    return "".join(parts)
+
+
+def render_tokens(events: list[StepEvent], decode, texts: TokenTexts | None = None) -> str:
     """HTML of one sequence's steps (batch size 1): per step the accepted drafted tokens, the rejected ones
     struck through (a chain's rest; a tree's candidates where its accepted path stopped), then the target's
     token (correction, or bonus where the whole path to a leaf was accepted). ``decode`` maps a token id to its
-    text."""
-    parts = []
-    for ev in events:
-        accepted, emitted = ev.num_accepted[0], ev.emitted[0]
-        drafted, parents, path, cut = _step_tree(ev)
-        for tok in emitted[:accepted + cut]:
-            parts.append(_span("acc", decode(tok)))
-        if len(emitted) > accepted and not cut:
-            below = path[-1] if path else -1
-            rejected = [j for j, p in enumerate(parents) if p == below]  # the candidates after the accepted ones
-            if not ev.parents:  # a chain: the whole rest of it
-                rejected = list(range(len(path), len(drafted)))
-            for j in rejected:
-                parts.append(_span("rej", decode(drafted[j])))
-            kind = "bonus" if drafted and not any(p == below for p in parents) else "fix"
-            parts.append(_span(kind, decode(emitted[accepted])))
-    return '<div class="hfspec-out">' + "".join(parts) + "</div>"
+    text; with ``texts`` (a fresh :class:`TokenTexts`) tokens are decoded in context instead."""
+    return '<div class="hfspec-out">' + "".join(render_step(ev, decode, texts) for ev in events) + "</div>"
 
 
 def render_tree(event: StepEvent | None, decode) -> str:
@@ -335,7 +390,7 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
         res = models.target.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True,
                                      event_listeners=[lambda ev: out.put(("step", ev))],
                                      stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **kwargs)
-        run.text = "".join(tok.decode([t]) for t in res.sequences[0, run.prompt_len:].tolist())
+        run.text = TokenTexts(tok.decode).join(res.sequences[0, run.prompt_len:].tolist())
         if not plain or run.stop.is_set():
             return
         run.phase, run.tokens = "plain", 0
@@ -386,6 +441,12 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                          "Medusa, suffix or hybrid drafter.")
     tok = models.tokenizer
     inputs = chat_inputs(tok, prompt)
+    context = getattr(getattr(models.target, "config", None), "max_position_embeddings", None)
+    prompt_len = inputs["input_ids"].shape[1]
+    if isinstance(context, int) and prompt_len + max_new_tokens > context:
+        raise ValueError(f"Prompt too long: {prompt_len} tokens (with the chat template) and {max_new_tokens} new "
+                         f"tokens exceed the context of the model, {context} positions; shorten the prompt"
+                         + (f" or ask for at most {context - prompt_len} new tokens." if prompt_len < context else "."))
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     key = (prompt, max_new_tokens, temperature, top_p)
@@ -402,6 +463,8 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                                                   out), daemon=True)
     decode = lambda t: tok.decode([t])  # noqa: E731
     seen: list[StepEvent] = []
+    texts = TokenTexts(tok.decode)  # the output's tokens decoded in context (characters split over tokens)
+    shown: list[str] = []  # each step's HTML, drawn once when it arrives
     stats = SpecStats()
     plot, plotted = None, 0  # the plot and the number of steps it shows
     plain_ids: list[int] = []
@@ -413,8 +476,8 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
 
     def update():
         last_draft = next((ev for ev in reversed(seen) if ev.drafted[0]), None)
-        return (LEGEND + render_tokens(seen, decode), _stats_markdown(stats, plain), plot, plain_text, status,
-                render_tree(last_draft, decode))
+        return (LEGEND + '<div class="hfspec-out">' + "".join(shown) + "</div>", _stats_markdown(stats, plain), plot,
+                plain_text, status, render_tree(last_draft, decode))
 
     models.running[session] = run
     worker.start()
@@ -435,6 +498,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                                               "plain decoding of the same prompt, for the speedup")
             elif kind == "step":
                 seen.append(msg[1])
+                shown.append(render_step(msg[1], decode, texts))
                 stats(msg[1])
             elif kind == "plain":
                 plain_ids += msg[1]
@@ -517,8 +581,11 @@ def build_app(models: DemoModels):
         gr.Markdown(f"## hf-spec: speculative decoding, live\nTarget **{models.names.get('target', '?')}**"
                     + (f", draft **{models.names['draft']}**" if models.names.get("draft") else "")
                     + (f", Medusa heads **{models.names['medusa']}**" if models.names.get("medusa") else "")
-                    + ". Greedy output is token-identical to the target's own `generate`; sampling keeps its "
-                      "distribution.")
+                    + ". Greedy output is token-identical to the target's own `generate`"
+                    + ("" if getattr(models.target, "dtype", torch.float32) == torch.float32 else
+                       f" up to {str(models.target.dtype).removeprefix('torch.')} rounding (a verify forward can "
+                       "settle a near-tie the other way; `--dtype float32` for exact identity)")
+                    + "; sampling keeps its distribution.")
         with gr.Row():
             with gr.Column(scale=1):
                 prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",

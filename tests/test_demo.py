@@ -104,6 +104,39 @@ def test_a_tree_with_equal_siblings_shows_the_branch_the_target_took():
            '<ul><li><span class="hfspec-acc">&lt;6&gt;</span></li></ul></li></ul>' in view
 
 
+def test_a_character_split_over_tokens_shows_whole():
+    """A byte-level tokenizer splits an emoji or a CJK character over several tokens: decoded one by one each
+    showed U+FFFD (the page showed "\ufffd\ufffd\ufffd\ufffd" for a rainbow). Decoded in context, the token that
+    completes the character shows it whole, the ones before it nothing; a rejected draft token is decoded after
+    the accepted ones (the third byte completes the character, a space does not); the texts join to the decoded
+    text."""
+    from hf_spec.demo import TokenTexts
+
+    decode = lambda ids: bytes(ids).decode("utf-8", errors="replace")  # noqa: E731  (ids are bytes)
+    rainbow, kanji = list("\U0001f308".encode()), list("\u6f22".encode())  # 4 bytes, 3 bytes
+    texts = TokenTexts(decode)
+    assert [texts.push(t) for t in [ord("a")] + rainbow] == ["a", "", "", "", "\U0001f308"]
+    # step 1: drafted the kanji's 3 bytes and a space; accepted 2, the third rejected for 0x8c (U+6F0C)
+    step = StepEvent(1, 4, [kanji + [32]], [2], [kanji[:2] + [0x8c]], 0.0, 0.0, 0.0, [False])
+    html = render_tokens([step], None, texts)
+    assert html == ('<div class="hfspec-out"><span class="hfspec-acc"></span><span class="hfspec-acc"></span>'
+                    '<span class="hfspec-rej">\u6f22</span><span class="hfspec-rej">\ufffd </span>'
+                    '<span class="hfspec-fix">\u6f0c</span></div>')
+    seq = [ord("a")] + rainbow + kanji[:2] + [0x8c]
+    assert TokenTexts(decode).join(seq) == decode(seq) == "a\U0001f308\u6f0c"
+
+
+def test_a_prompt_longer_than_the_context_is_refused():
+    """A prompt (with its new tokens) beyond the model's positions (SmolLM2: 8192) ran for minutes on a CPU,
+    holding the one generation slot, and wrote garbage: now a message before any model runs."""
+    models = _tiny_models()  # max_position_embeddings 256, one token per byte
+    with pytest.raises(ValueError, match="too long: 300 tokens .* the model, 256 positions; shorten the prompt.$"):
+        next(stream(models, "x" * 300, "n-gram", 2, 0.0, 1.0, 8))
+    with pytest.raises(ValueError, match="ask for at most 56 new tokens"):
+        next(stream(models, "x" * 200, "n-gram", 2, 0.0, 1.0, 57))
+    assert not [r for r in models.log.records if r["event"] == "start"]  # nothing ran
+
+
 def test_demo_drafters_are_built_once_and_checked_per_request():
     """One drafter per page label for the app's life (a call never changes it, so requests can share it);
     a k above what the drafter can propose, or a drafter not loaded, is a message before any work."""
