@@ -50,6 +50,8 @@ class StepEvent:
             on an accepted drafted token (then ``len(accepted_path[i]) == len(emitted[i])``: no token of the
             target's follows). The loop always sets it; ``None`` (hand-built events) reads as a chain's first
             ``num_accepted`` nodes.
+        method: the drafter's :attr:`~hf_spec.drafters.base.Drafter.method` (its label in statistics and metrics);
+            ``None`` without a drafter (plain decoding) and in hand-built events.
     """
 
     step: int
@@ -67,6 +69,7 @@ class StepEvent:
     parents: list[list[int]] | None = field(default=None)
     positions: int = 0
     accepted_path: list[list[int]] | None = field(default=None)
+    method: str | None = field(default=None)
 
 
 EventListener = Callable[[StepEvent], None]

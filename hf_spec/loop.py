@@ -263,9 +263,18 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "without custom_generate=hf_spec.generate for it (the Kirchenbauer watermark, "
             "watermarking_config=WatermarkingConfig(...), reads only the sequence and works with hf-spec)")
     if drafter is not None and not isinstance(drafter, Drafter):
+        if isinstance(drafter, type) and issubclass(drafter, Drafter):
+            raise TypeError(f"drafter must be an hf_spec Drafter instance, got the class {drafter.__name__}: pass "
+                            f"{drafter.__name__}(...)")
+        if isinstance(drafter, str):
+            raise TypeError(f"drafter must be an hf_spec Drafter, got the string {drafter!r}: build it from its spec "
+                            f"with hf_spec.make_drafter({drafter!r}, target=model, tokenizer=tokenizer)")
         raise TypeError(
             f"drafter must be an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...), got {type(drafter).__name__}"
         )
+    if drafter is not None and not hasattr(drafter, "num_speculative_tokens"):
+        raise TypeError(f"{type(drafter).__name__}.__init__ did not call super().__init__(num_speculative_tokens): a "
+                        "Drafter's __init__ sets its k (and the call's logits processors); call it first")
     if cache is not None and not isinstance(cache, DynamicCache):
         raise ValueError(
             f"unsupported cache {type(cache).__name__}: speculative decoding rolls the cache back after each "
@@ -462,8 +471,12 @@ def _speculative_decode(
                 hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
             if head_logits is not None and columns is not None:
                 head_logits = head_logits.gather(1, columns[:, :, None, None].expand(-1, -1, *head_logits.shape[2:]))
-            session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths,
-                                        head_logits))
+            try:
+                session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths,
+                                            head_logits))
+            except Exception as e:
+                _note(e, f"raised by {type(session).__name__}.update at step {step}")
+                raise
 
     t0, m0 = clock(device), measuring_seconds()  # every clock of the statistics waits for the device's queued work
     # ---- prefill: the target alone chooses each row's first token --------------------------------
@@ -484,8 +497,9 @@ def _speculative_decode(
     tell_drafter(0, out, none, none, 1, verify_time)
     prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
     put(emitted)
+    method = session.method if session is not None else None  # the drafter's label in events and statistics
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
-                   clock(device) - t0, list(finished), rows=list(active)))
+                   clock(device) - t0, list(finished), rows=list(active), method=method))
 
     step = 0
     while True:
@@ -523,20 +537,25 @@ def _speculative_decode(
                 nodes = sizer.decide(step)
                 if len(sizer.choices) > changes:  # a new size: recorded with the step, as the controller's k
                     decision = {**(decision or {}), "num_tree_nodes": nodes, "tree_reason": sizer.choices[-1][2]}
-            proposal = session.draft_tree(sequences, k_step, nodes) if nodes else session.draft(sequences, k_step)
-            drafts, num_drafted, draft_scores, parents, depths = _checked_draft(
+            try:
+                proposal = session.draft_tree(sequences, k_step, nodes) if nodes else session.draft(sequences, k_step)
+            except Exception as e:
+                _note(e, f"raised by {type(session).__name__}.{'draft_tree' if nodes else 'draft'} at step {step} "
+                         f"(k={k_step}{f', num_nodes={nodes}' if nodes else ''}; rows {active})")
+                raise
+            drafts, num_drafted, draft_q, parents, depths = _checked_draft(
                 session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
             if parents is None:  # a chain's tokens past a row's budget become filler (masked, never accepted)
                 num_drafted = torch.minimum(num_drafted, budget)
             elif bool((budget < k_step).any()):  # a tree's nodes past a row's budget are dropped: they would sit
                 # past max_length, where plain decoding never goes (GPT-2's wpe has none at n_positions); only near
                 # max_length, so most steps skip the depth pass _checked_draft already made
-                drafts, num_drafted, draft_scores, parents = _within_budget(drafts, num_drafted, draft_scores,
+                drafts, num_drafted, draft_q, parents = _within_budget(drafts, num_drafted, draft_q,
                                                                             parents, budget)
                 depths = torch.minimum(depths, budget)  # a tree has a node at every depth above its deepest
             sources = session.last_sources
         else:
-            drafts, num_drafted, draft_scores, depths = input_ids.new_zeros(n_rows, 0), budget, None, None
+            drafts, num_drafted, draft_q, depths = input_ids.new_zeros(n_rows, 0), budget, None, None
         k = drafts.shape[1]
         t_verify, m_verify = clock(device), measuring_seconds()
         # ---- verify k+1 positions per row in one target forward -------------------------------
@@ -562,7 +581,7 @@ def _speculative_decode(
                     _root_path(drafts_list[i], parents_list[i] if parents_list else None, j - 1))])
                  for i, b in enumerate(active) for j in cols], scores)
 
-        q = draft_scores.to(device).float().softmax(dim=-1) if do_sample and draft_scores is not None else None
+        q = draft_q  # the drafter's q (its scores' softmax) under sampling, else None
         path = columns = target_scores = None
         walked = chain_parents(n_rows, k, device) if parents is None else parents  # a chain: one child per node
         if do_sample:
@@ -614,6 +633,7 @@ def _speculative_decode(
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
                 positions=k + 1,
                 accepted_path=[nodes[i][: len(emitted[i])] for i in range(n_rows)],
+                method=method,
             )
         )
     if session is not None:
@@ -628,6 +648,12 @@ def _speculative_decode(
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats, cache=kept,
                              scores=_per_token(scores_out, generation_config),
                              logits=_per_token(logits_out, generation_config))
+
+
+def _note(error: BaseException, note: str) -> None:
+    """Say which drafter method raised ``error`` (a note under its traceback, Python 3.11+)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
 
 
 def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, TreeSize | None]:
@@ -649,6 +675,16 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
     else:
         num_tree_nodes = int(num_tree_nodes)  # numpy integers too, as num_speculative_tokens
+    if (sizer is not None or num_tree_nodes) and drafter is not None and drafter.drafts_trees \
+            and type(drafter).draft_tree is Drafter.draft_tree:
+        raise ValueError(f"num_tree_nodes={num_tree_nodes}: {type(drafter).__name__} sets drafts_trees = True but does "
+                         "not define draft_tree(sequences, k, num_nodes); define it (docs/architecture.md, 'Writing a "
+                         "drafter'), or drop num_tree_nodes")
+    if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees \
+            and type(drafter).draft_tree is not Drafter.draft_tree and getattr(drafter, "model_drafter", None) is None:
+        raise ValueError(f"num_tree_nodes={num_tree_nodes}: {type(drafter).__name__} defines draft_tree but its "
+                         "drafts_trees is False; set drafts_trees = True on the class to draft trees, or drop "
+                         "num_tree_nodes")
     if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
         inner = getattr(drafter, "model_drafter", None)
         if inner is not None:  # a hybrid draws trees where its model drafter does
@@ -685,22 +721,31 @@ def _within_budget(tokens, num_drafted, scores, parents, budget):
 
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,
                    num_tree_nodes: int = 0):
-    """A drafter's ``draft`` output, checked before the target sees it: ``(LongTensor[B, k' <= k],
-    LongTensor[B] in 0..k', scores [B, k', V] or None, parents [B, k'] or None, depths [B] or None)``, tokens and
-    counts moved to ``device``; for a tree, ``depths`` is each row's depth (from the check's own depth pass, so the
-    loop tells the drafter without a second one), ``None`` for a chain; a drafter
-    that samples must return its scores (without them the acceptance rule would take its tokens as certain,
-    and sampling would not be exact).
+    """A drafter's ``draft`` (or ``draft_tree``) output, checked before the target sees it: ``(LongTensor[B, k' <= k],
+    LongTensor[B] in 0..k', q [B, k', V] or None, parents [B, k'] or None, depths [B] or None)``, tokens and
+    counts moved to ``device``; ``q`` is the drafter's scores as probabilities (a softmax) under sampling, ``None``
+    under greedy decoding (where scores are not read) or for a deterministic drafter; for a tree, ``depths`` is each
+    row's depth (from the check's own depth pass, so the loop tells the drafter without a second one), ``None`` for a
+    chain; a drafter that samples must return its scores (without them the acceptance rule would take its tokens as
+    certain, and sampling would not be exact), as logits of the distribution each token was drawn from: every real
+    column a distribution over the target's vocabulary (no NaN, not all -inf), not probabilities, and giving its
+    own drafted token a probability above 0.
 
     Raises:
         ValueError: anything else, naming the drafter and what it returned.
     """
     name = type(session).__name__
+    call = f"draft_tree(rows, k={k}, num_nodes={num_tree_nodes})" if num_tree_nodes else f"draft(rows, k={k})"
 
     def bad(what: str):
-        return ValueError(f"{name}.draft(rows, k={k}) for {n_rows} rows returned {what}; it must return (tokens "
-                          f"LongTensor[{n_rows}, k' <= {k}], num_drafted LongTensor[{n_rows}] in 0..k', scores "
-                          "[B, k', V] or None): see docs/architecture.md, 'Writing a drafter'")
+        if num_tree_nodes or (isinstance(out, tuple) and len(out) == 4):
+            form = (f"(tokens LongTensor[{n_rows}, N], num_drafted LongTensor[{n_rows}] in 0..N, scores [B, N, V] or None, "
+                    f"parents LongTensor[{n_rows}, N]) with N <= num_nodes nodes at most k deep")
+        else:
+            form = (f"(tokens LongTensor[{n_rows}, k' <= {k}], num_drafted LongTensor[{n_rows}] in 0..k', scores "
+                    "[B, k', V] or None)")
+        return ValueError(f"{name}.{call} for {n_rows} rows returned {what}; it must return {form}: see "
+                          "docs/architecture.md, 'Writing a drafter'")
 
     if not (isinstance(out, tuple) and len(out) in (3, 4)):
         raise bad(f"{type(out).__name__} {len(out) if isinstance(out, (tuple, list)) else ''}".strip()
@@ -713,9 +758,12 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
         shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
         raise bad(f"tokens of shape {shape} and dtype {getattr(tokens, 'dtype', None)}")
     if not isinstance(num_drafted, torch.Tensor) or tuple(num_drafted.shape) != (n_rows,) \
-            or num_drafted.is_floating_point():
+            or num_drafted.is_floating_point() or num_drafted.is_complex() or num_drafted.dtype == torch.bool:
         raise bad(f"num_drafted {num_drafted!r}")
-    tokens, num_drafted = tokens.to(device=device, dtype=torch.long), num_drafted.to(device=device, dtype=torch.long)
+    try:
+        tokens, num_drafted = tokens.to(device=device, dtype=torch.long), num_drafted.to(device=device, dtype=torch.long)
+    except (RuntimeError, NotImplementedError) as e:  # a meta tensor, a device this process cannot read
+        raise bad(f"tensors on {tokens.device} that cannot be moved to the target's device {device} ({e})") from None
     if n_rows and (int(num_drafted.min()) < 0 or int(num_drafted.max()) > tokens.shape[1]):
         raise bad(f"num_drafted {num_drafted.tolist()} for {tokens.shape[1]} token columns")
     cols = torch.arange(tokens.shape[1], device=tokens.device)
@@ -727,6 +775,31 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
         raise bad(f"scores of shape {tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}")
     if do_sample and session.returns_scores and scores is None and tokens.shape[1] > 0 and parents is None:
         raise bad("no scores under sampling although returns_scores is True")  # a tree without scores: deterministic
+    q = None
+    if do_sample and scores is not None:  # q: read by the acceptance rule under sampling only
+        if scores.shape[2] != vocab_size:
+            raise bad(f"scores over {scores.shape[2]} tokens; the target scores {vocab_size} (its logit rows: pad or "
+                      "cut the drafter's logits to them, -inf where the drafter has no token)")
+        if scores.is_complex() or scores.dtype == torch.bool:
+            raise bad(f"scores of dtype {scores.dtype} (logits: a float tensor)")
+        try:
+            scores = scores.to(device)
+        except (RuntimeError, NotImplementedError) as e:
+            raise bad(f"scores on {scores.device} that cannot be moved to the target's device {device} ({e})") from None
+        q = scores.float().softmax(dim=-1)
+        real_cols = cols[None, :] < num_drafted[:, None]
+        if bool(real_cols.any()):  # reductions over V, then one look per drafted column
+            if bool(q.sum(dim=-1).isnan()[real_cols].any()):
+                raise bad("scores with NaN, +inf, or every token -inf in a drafted column (they must be the "
+                          "logits each token was drawn from)")
+            looks = (scores.amin(dim=-1) >= 0) & (scores.amax(dim=-1) <= 1) & real_cols
+            if bool(looks.any()) and bool(((scores[looks].float().sum(dim=-1) - 1).abs() < 1e-3).any()):
+                raise bad("scores that look like probabilities (in 0..1, summing to 1); return logits, the loop "
+                          "takes their softmax: probs.log() where you have q")
+            drawn = scores.gather(2, tokens.clamp(0, vocab_size - 1)[:, :, None]).squeeze(2)  # filler: any id
+            if bool((drawn == float("-inf"))[real_cols].any()):
+                raise bad("a drafted token that its own scores give probability 0 (logit -inf): each token must "
+                          "be drawn from the scores returned for it")
     if parents is not None:
         if not isinstance(parents, torch.Tensor) or tuple(parents.shape) != tuple(tokens.shape) \
                 or parents.is_floating_point():
@@ -742,8 +815,8 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
         if num_tree_nodes and tokens.shape[1] > num_tree_nodes:
             raise bad(f"a tree of {tokens.shape[1]} nodes (at most num_tree_nodes={num_tree_nodes})")
         depths = depth.amax(dim=1) if tokens.shape[1] else num_drafted.new_zeros(n_rows)
-        return tokens, num_drafted, scores, parents, depths
-    return tokens, num_drafted, scores, parents, None
+        return tokens, num_drafted, q, parents, depths
+    return tokens, num_drafted, q, parents, None
 
 
 def _root_path(tokens: list[int], parents: list[int] | None, node: int) -> list[int]:

@@ -99,6 +99,9 @@ class SpecStats:
     #: with a batch (B > 1): the statistics of each row, by its index in the batch (``time`` fields: until
     #: that row finished)
     per_row: dict[int, "SpecStats"] = field(default_factory=dict)
+    #: the drafter's :attr:`~hf_spec.drafters.base.Drafter.method` (``StepEvent.method``); ``None`` without one;
+    #: merged statistics of several drafters list theirs, ``", "``-separated
+    method: str | None = None
 
     def __call__(self, event: StepEvent) -> None:
         if len(event.emitted) > 1 or self.per_row:
@@ -110,7 +113,10 @@ class SpecStats:
                               sources=[event.sources[i]] if event.sources is not None else None,
                               parents=[event.parents[i]] if event.parents is not None else None,
                               positions=event.positions,
-                              accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None))
+                              accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None,
+                              method=event.method))
+        if event.method is not None and self.method is None:
+            self.method = event.method
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -211,6 +217,9 @@ class SpecStats:
             self.reached_per_position[i] += r
         self.k_per_step += other.k_per_step
         self.policy_events += other.policy_events
+        if other.method is not None:
+            mine = self.method.split(", ") if self.method is not None else []
+            self.method = ", ".join(mine + [m for m in other.method.split(", ") if m not in mine])
         for source, counts in other.per_source.items():
             mine = self.per_source.setdefault(source, dict.fromkeys(counts, 0))
             for key, value in counts.items():

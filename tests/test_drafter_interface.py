@@ -448,3 +448,122 @@ def test_a_sampling_drafter_without_scores_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="no scores under sampling"):
         target.generate(PROMPT, max_new_tokens=6, min_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
     target.generate(PROMPT, max_new_tokens=6, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
+
+
+def _q_logits(s, k, fill=0.0):
+    return torch.full((len(s), k, 32), fill)
+
+
+def _last(s, k):
+    return torch.stack([x[-1:].repeat(k) for x in s])
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda s, k: (_last(s, k), torch.full((len(s),), k), torch.zeros(len(s), k, 33)), "scores over 33 tokens"),
+    (lambda s, k: (_last(s, k), torch.full((len(s),), k), _q_logits(s, k, float("nan"))), "NaN"),
+    (lambda s, k: (_last(s, k), torch.full((len(s),), k), _q_logits(s, k, float("-inf"))), "every token -inf"),
+    (lambda s, k: (_last(s, k), torch.full((len(s),), k), _q_logits(s, k).softmax(-1)), "look like probabilities"),
+    (lambda s, k: (_last(s, k), torch.full((len(s),), k),
+                   _q_logits(s, k).scatter(2, _last(s, k)[..., None], float("-inf"))), "probability 0"),
+    (lambda s, k: (_last(s, k), torch.ones(len(s), dtype=torch.bool), None), "num_drafted"),
+    (lambda s, k: (_last(s, k).to("meta"), torch.full((len(s),), k), None), "cannot be moved"),
+])
+def test_malformed_sampling_scores_are_clear_errors(make, msg, monkeypatch):
+    """Under sampling q decides the output distribution: scores over another vocabulary, NaN or all -inf, probabilities
+    where logits belong (softmaxed twice: on 304a40c P(token) went from 0.03 to 0.41 without a word), or a token its own
+    q gives 0 (always accepted) are refused before the acceptance rule, naming the drafter."""
+    target = _target()
+    monkeypatch.setattr(Malformed, "make", staticmethod(make))
+    with pytest.raises(ValueError, match=msg) as info:
+        target.generate(PROMPT, max_new_tokens=6, do_sample=True, custom_generate=hf_spec.generate, drafter=Malformed(3))
+    assert "Malformed.draft(rows, k=3)" in str(info.value) and "Writing a drafter" in str(info.value)
+
+
+def test_own_drafters_get_clear_errors_before_any_work(monkeypatch):
+    """The mistakes of a first drafter of one's own are named where they happen, with the fix: a class or a spec string
+    for drafter=, an __init__ without super().__init__, a drafts_trees flag without draft_tree (or the reverse), a
+    tree from draft_tree named as such, an exception from draft noted with the drafter and step; and the events and
+    statistics carry the drafter's method."""
+    from hf_spec.drafters.base import Drafter
+
+    target = _target()
+
+    class Repeat(Drafter):
+        method = "repeat"
+
+        def draft(self, s, k):
+            return _last(s, k), torch.full((len(s),), k), None
+
+    run = lambda d, **kw: target.generate(PROMPT, max_new_tokens=6, do_sample=False,  # noqa: E731
+                                          custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=d, **kw)
+    with pytest.raises(TypeError, match=r"got the class Repeat: pass Repeat\(...\)"):
+        run(Repeat)
+    with pytest.raises(TypeError, match=r"hf_spec.make_drafter\('repeat'"):
+        run("repeat")
+
+    class NoSuper(Repeat):
+        def __init__(self, token):
+            self.token = token
+    with pytest.raises(TypeError, match=r"NoSuper.__init__ did not call super\(\).__init__"):
+        run(NoSuper(5))
+
+    class FlagOnly(Repeat):
+        drafts_trees = True
+    with pytest.raises(ValueError, match="sets drafts_trees = True but does not define draft_tree"):
+        run(FlagOnly(), num_tree_nodes=4)
+
+    class TreeOnly(Repeat):
+        def draft_tree(self, s, k, n):
+            return _last(s, k + 1), torch.full((len(s),), k + 1), None, torch.arange(-1, k)[None].repeat(len(s), 1)
+    with pytest.raises(ValueError, match="set drafts_trees = True on the class"):
+        run(TreeOnly(), num_tree_nodes=4)
+    TreeOnly.drafts_trees = True
+    with pytest.raises(ValueError, match=r"TreeOnly.draft_tree\(rows, k=3, num_nodes=8\) .* tokens deep .* at most k deep"):
+        run(TreeOnly(), num_tree_nodes=8)
+
+    class Raises(Repeat):
+        def draft(self, s, k):
+            raise RuntimeError("mine")
+    with pytest.raises(RuntimeError, match="mine") as info:
+        run(Raises())
+    assert any("Raises.draft at step 1" in note for note in getattr(info.value, "__notes__", ["Raises.draft at step 1"]))
+
+    events = []
+    out = run(Repeat(), event_listeners=[events.append])
+    assert {e.method for e in events} == {"repeat"} and out.stats.method == "repeat"
+    assert out.stats.to_dict()["method"] == "repeat"
+    plain = hf_spec.SpecStats()
+    assert plain.merge(out.stats).merge(out.stats).method == "repeat"
+
+
+def test_register_drafter_twice_and_from_spec_keeps_k(monkeypatch):
+    """Registering the same class again (a re-run cell) is harmless; another class under a taken name says whose it
+    is and offers replace=True; the default from_spec passes k by keyword, and a built k other than the one asked is
+    an error, not a silently different drafter (on 304a40c, __init__(self, token=5, num_speculative_tokens=None) got
+    the k as its token)."""
+    from hf_spec.drafters.base import Drafter
+    from hf_spec.drafters.registry import DRAFTERS, make_drafter, register_drafter
+
+    monkeypatch.setattr("hf_spec.drafters.registry.DRAFTERS", dict(DRAFTERS))
+
+    class Fixed(Drafter):
+        method = "fixed"
+
+        def __init__(self, token=5, num_speculative_tokens=None):
+            super().__init__(num_speculative_tokens)
+            self.token = token
+
+    class Positional(Drafter):
+        def __init__(self, k=None):
+            super().__init__()  # drops k
+    register_drafter("fixed", Fixed)
+    register_drafter("fixed", Fixed)  # again: nothing happens
+    with pytest.raises(ValueError, match=r"registered to .*Fixed; choose another name, or pass replace=True"):
+        register_drafter("fixed", Positional)
+    with pytest.raises(TypeError, match="pass its class, Fixed"):
+        register_drafter("other", Fixed())
+    built = make_drafter("fixed", num_speculative_tokens=2)
+    assert (built.token, built.num_speculative_tokens) == (5, 2)
+    register_drafter("fixed", Positional, replace=True)
+    with pytest.raises(ValueError, match=r"asked for k=2, Positional.from_spec built one with k=3"):
+        make_drafter("fixed", num_speculative_tokens=2)

@@ -237,8 +237,17 @@ class Drafter:
             target: the target model (drafters that read it, e.g. Medusa heads bound to it).
             tokenizer: the target's tokenizer (drafters that check vocabularies).
             draft_dtype: ``"auto"`` or a dtype, for drafters that load a model (``hf_spec.device.draft_dtype``).
+
+        The default builds ``cls(num_speculative_tokens=k)`` (``cls(k)`` where ``__init__`` takes no such keyword);
+        a drafter whose ``__init__`` needs more arguments overrides it.
         """
-        return cls(num_speculative_tokens)
+        import inspect
+
+        try:
+            takes_keyword = "num_speculative_tokens" in inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):  # no signature to read
+            takes_keyword = False
+        return cls(num_speculative_tokens=num_speculative_tokens) if takes_keyword else cls(num_speculative_tokens)
 
     # ---- binding to one generate call -----------------------------------------------------------
     def start(self, target, input_ids: torch.LongTensor, generation_config: GenerationConfig,

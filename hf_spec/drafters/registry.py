@@ -31,6 +31,8 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "draft": DraftModelDrafter,
     "medusa": MedusaDrafter,
 }
+#: hf-spec's own spec names, which :func:`register_drafter` never replaces
+BUILTIN_DRAFTERS = frozenset(DRAFTERS)
 
 
 @dataclass(frozen=True)
@@ -115,24 +117,43 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
         if not parsed.cls.takes_corpus:
             raise ValueError(f"drafter {str(parsed)!r} does not draft from a corpus; use suffix or hybrid:draft:MODEL")
         extra["corpus"] = corpus
-    return parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
-                                tokenizer=tokenizer, draft_dtype=draft_dtype, **extra)
+    drafter = parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
+                                   tokenizer=tokenizer, draft_dtype=draft_dtype, **extra)
+    name = parsed.cls.__name__
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter {str(parsed)!r}: {name}.from_spec returned {type(drafter).__name__}, not a Drafter")
+    if num_speculative_tokens is not None and getattr(drafter, "num_speculative_tokens", None) != num_speculative_tokens:
+        raise ValueError(f"drafter {str(parsed)!r}: asked for k={num_speculative_tokens}, {name}.from_spec built one "
+                         f"with k={getattr(drafter, 'num_speculative_tokens', None)}; give {name}.__init__ a "
+                         "num_speculative_tokens argument passed on to super().__init__, or override from_spec")
+    return drafter
 
 
-def register_drafter(name: str, cls: type[Drafter]) -> None:
+def register_drafter(name: str, cls: type[Drafter], *, replace: bool = False) -> None:
     """Make ``name`` (or ``name:ARGUMENT``) a drafter spec for ``cls`` everywhere specs are read (the CLI, the
     benchmark, the demo), e.g. for a drafter in your own package.
 
     Only this process sees it: the ``hf-spec`` command reads :data:`DRAFTERS` as the package defines it, so a
-    drafter for the command line needs its line there.
+    drafter for the command line needs its line there. Registering the same class under the same name again does
+    nothing; ``replace=True`` puts another class under a name registered before (a class defined again, as a
+    re-run notebook cell does). hf-spec's own names are never registered again.
 
     Raises:
-        ValueError: ``name`` is taken, ``none``, or not letters, digits, ``_``, ``.``, ``-`` (a spec is
-            ``name:argument``, and ``--methods`` separates specs with commas); TypeError: ``cls`` is no Drafter.
+        ValueError: ``name`` is ``none``, hf-spec's own, registered to another class (without ``replace``), or not
+            letters, digits, ``_``, ``.``, ``-`` (a spec is ``name:argument``, and ``--methods`` separates specs with
+            commas); TypeError: ``cls`` is no Drafter class.
     """
     if not (isinstance(cls, type) and issubclass(cls, Drafter)):
-        raise TypeError(f"{cls!r} is not a subclass of hf_spec.Drafter")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == "none" or name in DRAFTERS:
-        raise ValueError(f"cannot register a drafter as {name!r}: use letters, digits, '_', '.', '-', not 'none' and "
-                         f"none of the names taken ({', '.join(DRAFTERS)})")
+        hint = f" (an instance: pass its class, {type(cls).__name__})" if isinstance(cls, Drafter) else ""
+        raise TypeError(f"{cls!r} is not a subclass of hf_spec.Drafter{hint}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name == "none":
+        raise ValueError(f"cannot register a drafter as {name!r}: use letters, digits, '_', '.', '-', and not 'none'")
+    if name in BUILTIN_DRAFTERS:
+        raise ValueError(f"cannot register a drafter as {name!r}: hf-spec's own {DRAFTERS[name].__name__} has it; "
+                         f"choose another name (taken: {', '.join(DRAFTERS)})")
+    if name in DRAFTERS and DRAFTERS[name] is not cls:
+        if not replace:
+            raise ValueError(f"drafter name {name!r} is registered to {DRAFTERS[name].__module__}."
+                             f"{DRAFTERS[name].__qualname__}; choose another name, or pass replace=True to put "
+                             f"{cls.__qualname__} there")
     DRAFTERS[name] = cls
