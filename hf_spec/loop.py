@@ -37,7 +37,7 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import RaggedCache, check_cache_layers, crop_cache_to
+from .ragged import RaggedCache, check_cache_layers, check_tree_model, crop_cache_to, positions_from_slots
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -124,7 +124,10 @@ def generate(
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
             this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a
             right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
-            streamer with batch size > 1; or a cache that cannot be cropped.
+            streamer with batch size > 1; or a cache that cannot be cropped; a draft tree on a model that cannot
+            place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
+            an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
+            (:func:`~hf_spec.ragged.positions_from_slots`: MPT).
 
     Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
     stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
@@ -374,7 +377,15 @@ def _speculative_decode(
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     num_tree_nodes, sizer = _check_tree_nodes(num_tree_nodes, drafter)
+    if drafter is not None and (num_tree_nodes or sizer is not None):
+        check_tree_model(model)  # before any work (RaggedCache checks again at each tree's forward)
     bsz = input_ids.shape[0]
+    if drafter is not None and bsz > 1 and positions_from_slots(model):
+        raise ValueError(
+            f"{type(model).__name__} places each key by its cache slot (its forward takes no position_ids: ALiBi "
+            "biases or learned positions counted from the cache), so the slots a batch leaves empty where a row "
+            "rejected drafts would move its later tokens: decode one sequence per call (batch size 1) with this "
+            "model, or use plain generate for the batch")
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()

@@ -37,7 +37,8 @@ from transformers.generation.utils import ALL_CACHE_NAMES
 
 from .kernels import measure_attention_choices, one_query_mask_pays, packed_attention, packed_attention_pays
 
-__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg"]
+__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg", "check_tree_model",
+           "positions_from_slots"]
 
 #: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
 #: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
@@ -113,16 +114,65 @@ def crop_cache_to(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _check_tree_attention(model) -> None:
-    """Refuse a model whose attention implementation takes no custom 4D mask (a tree's attention needs one).
+#: model types whose attention adds ALiBi biases (not rotary or learned positions) that they compute from the 2D
+#: attention mask (Bloom) or from each key's cache slot (MPT), never from ``position_ids``; Falcon with
+#: ``config.alibi`` too (a flag of its config)
+ALIBI_MODEL_TYPES = ("bloom", "mpt")
+#: model types that take no ``position_ids`` but count positions over the 2D attention mask's ones (Bloom's ALiBi),
+#: so that a batch's holes, zeros in the mask, are skipped as ``position_ids`` would skip them
+MASK_POSITION_MODEL_TYPES = ("bloom",)
+
+
+def takes_position_ids(model) -> bool:
+    """Whether the model's forward takes ``position_ids`` (read once per class)."""
+    return _takes_position_ids(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_position_ids(cls) -> bool:
+    try:
+        return "position_ids" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+def uses_alibi(config) -> bool:
+    """Whether the model's attention adds ALiBi biases (:data:`ALIBI_MODEL_TYPES`, or a config's ``alibi`` flag)."""
+    text = config.get_text_config()
+    return text.model_type in ALIBI_MODEL_TYPES or bool(getattr(text, "alibi", False))
+
+
+def positions_from_slots(model) -> bool:
+    """Whether the model places each key by its cache slot rather than by ``position_ids`` or the 2D mask (no
+    ``position_ids`` in its forward: MPT's ALiBi, decoders whose learned positions start at the cache's length):
+    a batch's holes (rejected drafts' slots) would then move every later key, so batches are refused for it."""
+    return not takes_position_ids(model) and model.config.get_text_config().model_type not in MASK_POSITION_MODEL_TYPES
+
+
+def check_tree_model(model) -> None:
+    """Refuse a model on which a draft tree would not be exact or would not run: a tree's nodes sit at the
+    positions of their depth (siblings share one) and see their ancestors only, through a custom 4D mask and
+    ``position_ids``. So the attention implementation must take a 4D mask (``sdpa``, ``eager``), the forward must
+    take ``position_ids``, and positions must not come from ALiBi biases that the model derives from the 2D mask
+    or the cache slots (Bloom, MPT, Falcon with ``alibi=True``).
 
     Raises:
-        ValueError: naming the implementation and what to load instead.
+        ValueError: naming what the model does and what to do instead (draft chains, or another implementation).
     """
-    impl = model.config.get_text_config()._attn_implementation
+    text = model.config.get_text_config()
+    name = type(model).__name__
+    if uses_alibi(model.config):
+        raise ValueError(f"a draft tree puts sibling nodes at the same position, which {name} cannot express: its "
+                         "ALiBi attention biases come from the 2D attention mask or the cache slots, not from "
+                         "position_ids; draft chains with this model (drop num_tree_nodes)")
+    if not takes_position_ids(model):
+        raise ValueError(f"a draft tree puts sibling nodes at the same position, which {name} cannot express: its "
+                         "forward takes no position_ids (it counts positions from the cache); draft chains with this "
+                         "model (drop num_tree_nodes)")
+    impl = text._attn_implementation
     if impl not in WINDOW_MASK_IMPLEMENTATIONS:
         raise ValueError(f"a draft tree needs a custom 4D attention mask, which hf-spec builds for the 'sdpa' and "
-                         f"'eager' attention implementations only; {type(model).__name__} runs {impl!r}: load it "
+                         f"'eager' attention implementations only; {name} runs {impl!r}: load it "
                          "with attn_implementation='sdpa', or draft chains (no tree)")
 
 
@@ -170,6 +220,9 @@ class RaggedCache:
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
         self._packed: dict[int, bool] = {}  # block size -> packed attention (_packed_attention)
+        # ALiBi models build their biases from a 2D mask (Bloom, Falcon with alibi=True: a 4D one fails there): the
+        # packed-attention and one-query choices, which pass 4D masks, stay off for them
+        self._mask_2d_only = uses_alibi(config)
         if self.window is not None:
             impl = config.get_text_config()._attn_implementation
             if len(windows) > 1 or impl not in WINDOW_MASK_IMPLEMENTATIONS:
@@ -261,8 +314,9 @@ class RaggedCache:
         if not cached:  # a prompt: the attention choices are measured here, not inside a timed decoding step
             measure_attention_choices(model.config, model.dtype, self.valid.device)
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        packed = cached and self._packed_attention(model, n)
-        if self.window is None and within is None and not packed and not (n == 1 and self._one_query_mask(model)):
+        packed = cached and not self._mask_2d_only and self._packed_attention(model, n)
+        if self.window is None and within is None and not packed and \
+                not (n == 1 and not self._mask_2d_only and self._one_query_mask(model)):
             mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
             mask = self._masks(model, position_ids, within)
@@ -301,7 +355,7 @@ class RaggedCache:
         root 0) and which block slots each one sees (itself, its ancestors, the root; filler: itself only)."""
         from .acceptance import check_parents
 
-        _check_tree_attention(model)
+        check_tree_model(model)
         bsz, n = block_valid.shape
         real = block_valid[:, 1:]
         check_parents(parents, real.sum(dim=1))

@@ -35,6 +35,11 @@ NEW_TOKENS = 20
 #: the processors a shipped instruct generation_config turns on, greedy part (sampling is tested separately)
 INSTRUCT_GREEDY = dict(repetition_penalty=1.1)
 DRAFTERS = ("ngram", "draft model", "hybrid", "medusa")
+#: the tree column: every drafter that drafts trees, at k = 3, each of these tree sizes (num_tree_nodes), single
+#: prompt and the batch of 3, greedy, NEW_TOKENS new tokens (a tree's nodes straddle the sliding window's edge)
+TREE_DRAFTERS = ("draft model", "medusa", "suffix", "hybrid")
+TREE_NODES = (4, 16, "auto")
+TREE_COLUMN = "trees"
 BATCHES = ("single", "batch of 3")
 #: the draft model of each architecture: the target's weights plus this much noise (acceptance 30-70% here)
 DRAFT_NOISE = 0.005
@@ -140,6 +145,8 @@ def make_drafter(kind: str, target, draft, k):
     fixed = None if k == "auto" else k
     if kind == "ngram":
         return hf_spec.NgramDrafter(fixed or 3)
+    if kind == "suffix":
+        return hf_spec.SuffixDrafter(fixed or 3)
     if kind in ("draft model", "hybrid"):
         tok = SameTokenizer() if hf_spec.drafters.base.logit_rows(target) != hf_spec.drafters.base.logit_rows(draft) else None
         model = hf_spec.DraftModelDrafter(draft, fixed or 3, tokenizer=tok, draft_tokenizer=tok)
@@ -217,11 +224,42 @@ def run_cell(target, draft, kind: str, batched: bool) -> Cell:
     return cell
 
 
+def run_tree_cell(target, draft) -> Cell:
+    """The tree column: every TREE_DRAFTERS x TREE_NODES x batch run greedy with ``num_tree_nodes``, each compared
+    with ``generate``: "exact", or the first failure or refusal."""
+    cell = Cell("exact")
+    for batched in (False, True):
+        inputs = batch_inputs() if batched else dict(input_ids=torch.tensor([PROMPT], device=DEVICE))
+        start = inputs["input_ids"].shape[1]
+        ref = None
+        for kind in TREE_DRAFTERS:
+            for nodes in TREE_NODES:
+                try:
+                    out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                          custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                                          drafter=make_drafter(kind, target, draft, 3), num_tree_nodes=nodes)
+                except ValueError as e:
+                    return Cell(f"refused: {e}")
+                if ref is None:
+                    ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+                cell.drafted += out.stats.num_draft_tokens
+                cell.accepted += out.stats.num_accepted_tokens
+                verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), start)
+                if verdict.startswith("DIFFERENT"):
+                    return Cell(f"{verdict} ({kind}, num_tree_nodes={nodes}, {'batch' if batched else 'single'})")
+                if verdict != "exact":
+                    cell.verdict = verdict
+    return cell
+
+
 def run_architecture(arch: Arch) -> dict[tuple[str, str], Cell]:
-    """All cells of one architecture: {(drafter, "single" | "batch of 3"): Cell}."""
+    """All cells of one architecture: {(drafter, "single" | "batch of 3"): Cell}, and the tree column's
+    {(TREE_COLUMN, "all"): Cell}."""
     target, draft = build(arch, vocab=arch.target_rows), build(arch, noise=DRAFT_NOISE)
-    return {(kind, batch): run_cell(target, draft, kind, batch == "batch of 3")
-            for kind in DRAFTERS for batch in BATCHES}
+    cells = {(kind, batch): run_cell(target, draft, kind, batch == "batch of 3")
+             for kind in DRAFTERS for batch in BATCHES}
+    cells[(TREE_COLUMN, "all")] = run_tree_cell(target, draft)
+    return cells
 
 
 # ---- sampling ----------------------------------------------------------------------------------------------

@@ -26,9 +26,14 @@ def documented_verdicts() -> dict[str, list[str]]:
     rows = {}
     for line in TABLE.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 + 2 * len(C.DRAFTERS) and cells[0] in {a.name for a in C.ARCHITECTURES}:
+        if len(cells) == 3 + 2 * len(C.DRAFTERS) and cells[0] in {a.name for a in C.ARCHITECTURES}:
             rows[cells[0]] = [re.match(r"\w+", c).group(0) if c else "" for c in cells[2:]]
     return rows
+
+
+def table_columns() -> list[tuple[str, str]]:
+    """The cells of a row of the table, in its column order: drafter x batch, then the tree column."""
+    return [(kind, batch) for kind in C.DRAFTERS for batch in C.BATCHES] + [(C.TREE_COLUMN, "all")]
 
 
 @pytest.mark.parametrize("arch", C.ARCHITECTURES, ids=lambda a: a.name)
@@ -39,11 +44,11 @@ def test_every_cell_is_exact_or_refused_and_documented(arch):
             assert cell.verdict.startswith("refused") and arch.refusal in cell.verdict, (kind, batch, cell.verdict)
         else:
             assert cell.verdict.startswith("exact"), f"{arch.name}, {kind}, {batch}: {cell.verdict}"
-    if not arch.refusal:  # the test's power: the draft model was both accepted and rejected here
-        draft = [c for (kind, _), c in cells.items() if kind == "draft model"]
+    if not arch.refusal:  # the test's power: the draft model (and the trees) were both accepted and rejected here
+        draft = [c for (kind, _), c in cells.items() if kind in ("draft model", C.TREE_COLUMN)]
         assert all(0 < c.acceptance < 1 for c in draft), [c.acceptance for c in draft]
     if C.DEVICE.type == "cpu" and C.DTYPE == torch.float32:  # the documented table is the CPU float32 run's
-        words = [cells[(kind, batch)].verdict.split(":")[0].split(" (")[0] for kind in C.DRAFTERS for batch in C.BATCHES]
+        words = [cells[key].verdict.split(":")[0].split(" (")[0] for key in table_columns()]
         assert documented_verdicts().get(arch.name) == words, \
             f"docs/conformance.md is stale for {arch.name}: run scripts/conformance_table.py"
 

@@ -760,3 +760,74 @@ def test_draft_model_tree_is_its_chain_with_siblings_and_stops_where_the_chain_s
                     (depth[j] - 1, tok[j]) for j in range(n)}
         if threshold > 0:
             assert len(set(chain_len.tolist())) > 1 or int(chain_len.max()) < k  # the stop cut some row
+
+
+# ---- models whose positions are not position_ids: ALiBi (Bloom, MPT, Falcon with alibi=True) -------------------
+def _alibi_archs():
+    import transformers as tf
+
+    from . import conformance as C
+    return [
+        C.Arch("Bloom", lambda: tf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **C._COMMON), tf.BloomForCausalLM),
+        C.Arch("MPT", lambda: tf.MptConfig(d_model=32, n_layers=2, n_heads=4, max_seq_len=256, **C._COMMON),
+               tf.MptForCausalLM),
+        C.Arch("Falcon (alibi)", lambda: tf.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                         alibi=True, **C._COMMON), tf.FalconForCausalLM),
+    ]
+
+
+class OneRightOfThree(Drafter):
+    """A test drafter that knows each row's greedy output (``outputs``: rows without padding) and drafts its next
+    3 tokens with the second one wrong: one accepted and two rejected per step (holes in a batch's cache)."""
+
+    method = "one-right-of-three"
+
+    def __init__(self, outputs):
+        super().__init__(3)
+        self.outputs = outputs
+
+    def draft(self, sequences, k):
+        tokens = torch.zeros(len(sequences), k, dtype=torch.long)
+        for b, seq in enumerate(sequences):
+            full = next(o for o in self.outputs if o[:len(seq)] == seq.tolist())
+            nxt = full[len(seq):len(seq) + k] + [0] * k
+            tokens[b] = torch.tensor(nxt[:k])
+            if k > 1:
+                tokens[b, 1] = (tokens[b, 1] + 1) % 64
+        return tokens, torch.full((len(sequences),), k), None
+
+
+@pytest.mark.parametrize("arch", _alibi_archs(), ids=lambda a: a.name)
+def test_alibi_models_refuse_trees_before_any_work_and_decode_chains_exactly(arch, monkeypatch):
+    """A tree's siblings share a position; an ALiBi model takes its biases from the 2D mask (Bloom, Falcon: a 4D
+    mask crashed there) or from each key's cache slot (MPT: silently other logits), so trees are refused before
+    any forward. Chains stay exact, also where the measured CPU choices pass 4D masks (forced here: packed
+    attention, the one-query mask, which crashed Falcon's chains); MPT, which places keys by slot, refuses a
+    batch (a rejected draft's empty slot would move the row's later keys: other tokens)."""
+    from . import conformance as C
+    monkeypatch.setattr(hf_spec.ragged, "packed_attention_pays", lambda *a, **k: True)
+    monkeypatch.setattr(hf_spec.ragged, "one_query_mask_pays", lambda *a, **k: True)
+    monkeypatch.setattr(hf_spec.ragged, "measure_attention_choices", lambda *a, **k: None)
+    target = C.build(arch)
+    calls = []
+    target.register_forward_pre_hook(lambda *a: calls.append(1))
+    for inputs in (dict(input_ids=torch.tensor([C.PROMPT])), C.batch_inputs()):
+        for nodes in (6, "auto"):
+            calls.clear()
+            with pytest.raises(ValueError, match="sibling nodes at the same position"):
+                target.generate(**inputs, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                                drafter=hf_spec.SuffixDrafter(3), num_tree_nodes=nodes)
+            assert not calls  # before any work
+        ref = target.generate(**inputs, max_new_tokens=16, do_sample=False)
+        mask = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))
+        drafter = OneRightOfThree([r[m.bool()].tolist() for r, m in zip(ref, torch.cat([mask, torch.ones_like(
+            ref[:, mask.shape[1]:])], dim=1))])
+        chain = dict(max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                     drafter=drafter)
+        if arch.name == "MPT" and inputs["input_ids"].shape[0] > 1:
+            with pytest.raises(ValueError, match="cache slot"):
+                target.generate(**inputs, **chain)
+            continue
+        out = target.generate(**inputs, **chain)
+        assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # accepted and rejected: holes
+        assert out.sequences.tolist() == ref.tolist()
