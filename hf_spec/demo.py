@@ -428,7 +428,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
         RuntimeError: the generation failed.
     """
     from .loop import generated_length, plan_num_speculative_tokens
-    from .prompts import chat_inputs
+    from .prompts import chat_inputs, check_context
 
     k, max_new_tokens, temperature, top_p = _check(prompt, k, max_new_tokens, temperature, top_p)
     drafter = models.drafter(method)
@@ -441,12 +441,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                          "Medusa, suffix or hybrid drafter.")
     tok = models.tokenizer
     inputs = chat_inputs(tok, prompt)
-    context = getattr(getattr(models.target, "config", None), "max_position_embeddings", None)
-    prompt_len = inputs["input_ids"].shape[1]
-    if isinstance(context, int) and prompt_len + max_new_tokens > context:
-        raise ValueError(f"Prompt too long: {prompt_len} tokens (with the chat template) and {max_new_tokens} new "
-                         f"tokens exceed the context of the model, {context} positions; shorten the prompt"
-                         + (f" or ask for at most {context - prompt_len} new tokens." if prompt_len < context else "."))
+    check_context(models.target, inputs["input_ids"].shape[1], max_new_tokens)  # a run past it writes garbage
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature > 0 else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     key = (prompt, max_new_tokens, temperature, top_p)

@@ -125,3 +125,27 @@ def chat_inputs(tokenizer, text: str | list[str], chat: bool = True):
             [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
     return tokenizer(text, return_tensors="pt")
+
+
+def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "Prompt", flag: str = "new tokens") -> None:
+    """Refuse a prompt that, with its new tokens, would run past the model's positions
+    (``config.max_position_embeddings``; GPT-2's ``n_positions``): past them a model's positions are ones it was
+    never trained on (learned positions have no row there), so it writes garbage, slowly. A model without the
+    field passes.
+
+    Args:
+        model: the target (anything with a ``config``).
+        prompt_tokens: the prompt's length in tokens (chat template included).
+        max_new_tokens: the most new tokens asked.
+        what, flag: how the message names the prompt and the new-token setting.
+
+    Raises:
+        ValueError: saying by how much, and the most new tokens that would fit.
+    """
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    context = getattr(text, "max_position_embeddings", None)
+    if isinstance(context, int) and prompt_tokens + max_new_tokens > context:
+        raise ValueError(f"{what} is too long: {prompt_tokens} tokens (with the chat template, if any) and {max_new_tokens} "
+                         f"new tokens exceed the context of the model, {context} positions; shorten the prompt"
+                         + (f" or ask for at most {context - prompt_tokens} {flag}." if prompt_tokens < context else "."))

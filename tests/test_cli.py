@@ -713,3 +713,31 @@ def test_a_metrics_port_in_use_is_refused_before_any_model_loads(capsys, monkeyp
         port = busy.getsockname()[1]
         assert cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--prometheus-port", str(port)]) == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, monkeypatch, tokenizer):
+    """A prompt that with its new tokens runs past the model's positions wrote garbage for minutes (found in the
+    demo, which refuses it too): generate says so before any generation, naming the prompt and the most new tokens
+    that fit; GPT-2's n_positions counts as its context."""
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config
+
+    import hf_spec.models
+    from hf_spec.prompts import check_context
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer))  # 256 positions
+    model.generate = lambda *a, **k: pytest.fail("it generated")
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--max-new-tokens", "100"]
+    long, short = "word " * 300, "word " * 200
+    n_long, n_short = (len(tokenizer(text)["input_ids"]) for text in (long, short))
+    assert n_long > 256 > n_short + 1
+    assert cli.main(argv + ["--prompt", long]) == 2
+    assert f"The prompt is too long: {n_long} tokens" in capsys.readouterr().err
+    assert cli.main(argv + ["--prompt", short]) == 2
+    assert f"ask for at most {256 - n_short} --max-new-tokens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="context of the model, 16 positions"):
+        check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 7)
+    check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 6)  # fits: no error

@@ -264,7 +264,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     from ..device import clock
     from ..loop import generate as spec_generate
     from ..loop import generated_length
-    from ..prompts import chat_inputs
+    from ..prompts import chat_inputs, check_context
 
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, tokenizer=tokenizer)
     if args.temperature > 0:
@@ -274,6 +274,10 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     k_call = "auto" if args.k == "auto" and drafter is not None else None
     trees = {"num_tree_nodes": args.tree} if args.tree else {}
 
+    for i, text in enumerate(prompts):  # before any generation: a prompt past the context would write garbage
+        what = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
+        check_context(model, chat_inputs(tokenizer, text, args.chat)["input_ids"].shape[1], args.max_new_tokens,
+                      what=what[0].upper() + what[1:], flag="--max-new-tokens")
     # warm-up, so that one-time costs land on neither side of the comparison
     warm = chat_inputs(tokenizer, prompts[0], args.chat)
     model.generate(**warm, max_new_tokens=2, do_sample=False, tokenizer=tokenizer)
