@@ -124,13 +124,27 @@ class TokenTexts:
         self.held = 0
         return text
 
-    def candidate(self, token: int) -> str:
-        """The text a drafted token would have after the sequence so far (a rejected draft token)."""
-        return self._text(self.ids[len(self.ids) - self.held:] + [token])
+    def flush(self) -> str:
+        """The text of the tokens still held, at the end of the output (U+FFFD for a character cut there)."""
+        text = self._text(self.ids[len(self.ids) - self.held:]) if self.held else ""
+        self.held = 0
+        return text
+
+    def candidates(self, ids: list[int]) -> list[str]:
+        """The texts that a run of drafted tokens (a rejected chain's rest, or one rejected tree node) would have
+        after the sequence so far, each after the ones before it, as :meth:`push` would give them; the sequence
+        itself does not change. A character the held tokens began shows on the candidate that completes it."""
+        trial = TokenTexts(self.decode)
+        trial.ids, trial.held = list(self.ids), self.held
+        out = [trial.push(t) for t in ids]
+        if out:
+            out[-1] += trial.flush()
+        return out
 
     def join(self, ids) -> str:
-        """Push ``ids`` and return their texts joined (the run log's text, as the page shows it)."""
-        return "".join(self.push(t) for t in ids)
+        """Push ``ids`` and return their texts joined, a character cut at the end included (the run log's text, as
+        the page shows it)."""
+        return "".join(self.push(t) for t in ids) + self.flush()
 
 
 def render_step(ev: StepEvent, decode, texts: TokenTexts | None = None) -> str:
@@ -148,8 +162,13 @@ def render_step(ev: StepEvent, decode, texts: TokenTexts | None = None) -> str:
         rejected = [j for j, p in enumerate(parents) if p == below]  # the candidates after the accepted ones
         if not ev.parents:  # a chain: the whole rest of it
             rejected = list(range(len(path), len(drafted)))
-        for j in rejected:
-            parts.append(_span("rej", texts.candidate(drafted[j]) if texts is not None else decode(drafted[j])))
+        if texts is None:
+            words = [decode(drafted[j]) for j in rejected]
+        elif not ev.parents:  # a chain's rest: each token after the ones before it
+            words = texts.candidates([drafted[j] for j in rejected])
+        else:  # a tree's candidates: alternatives, each after the accepted path
+            words = [texts.candidates([drafted[j]])[0] for j in rejected]
+        parts += [_span("rej", word) for word in words]
         kind = "bonus" if drafted and not any(p == below for p in parents) else "fix"
         parts.append(_span(kind, show(emitted[accepted])))
     return "".join(parts)
@@ -518,6 +537,9 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                 yield update()
         if error is not None:
             raise RuntimeError(f"Generation failed: {error}") from error
+        rest = texts.flush()  # a character cut by the end of the output (max new tokens, Stop): shown as it is
+        if rest:
+            shown.append(_span("acc", rest))
         if stats.num_target_forwards != plotted:
             plot = _acceptance_plot(stats)
         status = f"run {run.id}: " + ("stopped" if run.stop.is_set() else "finished")

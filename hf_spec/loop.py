@@ -377,7 +377,7 @@ def _speculative_decode(
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     num_tree_nodes, sizer = _check_tree_nodes(num_tree_nodes, drafter)
-    if drafter is not None and (num_tree_nodes or sizer is not None):
+    if drafter is not None and (num_tree_nodes or (sizer is not None and max(sizer.sizes) > 0)):
         check_tree_model(model)  # before any work (RaggedCache checks again at each tree's forward)
     bsz = input_ids.shape[0]
     if drafter is not None and bsz > 1 and positions_from_slots(model):
@@ -513,6 +513,7 @@ def _speculative_decode(
                    clock(device) - t0, list(finished), rows=list(active), method=method))
 
     step = 0
+    score_checks = {"probabilities": True}  # the look for probabilities: until a step has drafted under sampling
     while True:
         keep = [i for i, b in enumerate(active) if not finished[b]]
         if not keep:
@@ -555,7 +556,7 @@ def _speculative_decode(
                          f"(k={k_step}{f', num_nodes={nodes}' if nodes else ''}; rows {active})")
                 raise
             drafts, num_drafted, draft_q, parents, depths = _checked_draft(
-                session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes)
+                session, proposal, n_rows, k_step, vocab_size, do_sample, device, nodes, score_checks)
             if parents is None:  # a chain's tokens past a row's budget become filler (masked, never accepted)
                 num_drafted = torch.minimum(num_drafted, budget)
             elif bool((budget < k_step).any()):  # a tree's nodes past a row's budget are dropped: they would sit
@@ -731,7 +732,7 @@ def _within_budget(tokens, num_drafted, scores, parents, budget):
 
 
 def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, do_sample: bool, device,
-                   num_tree_nodes: int = 0):
+                   num_tree_nodes: int = 0, score_checks: dict | None = None):
     """A drafter's ``draft`` (or ``draft_tree``) output, checked before the target sees it: ``(LongTensor[B, k' <= k],
     LongTensor[B] in 0..k', q [B, k', V] or None, parents [B, k'] or None, depths [B] or None)``, tokens and
     counts moved to ``device``; ``q`` is the drafter's scores as probabilities (a softmax) under sampling, ``None``
@@ -740,7 +741,10 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
     chain; a drafter that samples must return its scores (without them the acceptance rule would take its tokens as
     certain, and sampling would not be exact), as logits of the distribution each token was drawn from: every real
     column a distribution over the target's vocabulary (no NaN, not all -inf), not probabilities, and giving its
-    own drafted token a probability above 0.
+    own drafted token a probability above 0. The NaN and zero checks read the drafted tokens' entries only, and
+    with one host sync per step; the look for probabilities (a pass over the vocabulary) runs while
+    ``score_checks["probabilities"]`` is true, which the first step with a drafted token under sampling clears (a
+    drafter that returns probabilities does so at every step).
 
     Raises:
         ValueError: anything else, naming the drafter and what it returned.
@@ -799,18 +803,27 @@ def _checked_draft(session: Drafter, out, n_rows: int, k: int, vocab_size: int, 
             raise bad(f"scores on {scores.device} that cannot be moved to the target's device {device} ({e})") from None
         q = scores.float().softmax(dim=-1)
         real_cols = cols[None, :] < num_drafted[:, None]
-        if bool(real_cols.any()):  # reductions over V, then one look per drafted column
-            if bool(q.sum(dim=-1).isnan()[real_cols].any()):
-                raise bad("scores with NaN, +inf, or every token -inf in a drafted column (they must be the "
-                          "logits each token was drawn from)")
-            looks = (scores.amin(dim=-1) >= 0) & (scores.amax(dim=-1) <= 1) & real_cols
-            if bool(looks.any()) and bool(((scores[looks].float().sum(dim=-1) - 1).abs() < 1e-3).any()):
-                raise bad("scores that look like probabilities (in 0..1, summing to 1); return logits, the loop "
-                          "takes their softmax: probs.log() where you have q")
-            drawn = scores.gather(2, tokens.clamp(0, vocab_size - 1)[:, :, None]).squeeze(2)  # filler: any id
-            if bool((drawn == float("-inf"))[real_cols].any()):
-                raise bad("a drafted token that its own scores give probability 0 (logit -inf): each token must "
-                          "be drawn from the scores returned for it")
+        at = tokens.clamp(0, vocab_size - 1)[:, :, None]  # filler columns: any id, masked by real_cols
+        # NaN, +inf or an all -inf column make the whole column's softmax NaN: its drafted token's q shows it
+        flags = [real_cols.any(), (q.gather(2, at).squeeze(2).isnan() & real_cols).any(),
+                 ((scores.gather(2, at).squeeze(2) == float("-inf")) & real_cols).any()]
+        look = score_checks is None or score_checks.get("probabilities", True)
+        if look:
+            values = scores.float()
+            low, high = values.aminmax(dim=-1)
+            flags.append(((low >= 0) & (high <= 1) & ((values.sum(dim=-1) - 1).abs() < 1e-3) & real_cols).any())
+        drafted, nan, zero, *probabilities = torch.stack(flags).tolist()  # one host sync
+        if nan:
+            raise bad("scores with NaN, +inf, or every token -inf in a drafted column (they must be the "
+                      "logits each token was drawn from)")
+        if probabilities and probabilities[0]:
+            raise bad("scores that look like probabilities (in 0..1, summing to 1); return logits, the loop "
+                      "takes their softmax: probs.log() where you have q")
+        if zero:
+            raise bad("a drafted token that its own scores give probability 0 (logit -inf): each token must "
+                      "be drawn from the scores returned for it")
+        if look and drafted and score_checks is not None:
+            score_checks["probabilities"] = False
     if parents is not None:
         if not isinstance(parents, torch.Tensor) or tuple(parents.shape) != tuple(tokens.shape) \
                 or parents.is_floating_point():

@@ -115,8 +115,8 @@ class SpecStats:
                               positions=event.positions,
                               accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None,
                               method=event.method))
-        if event.method is not None and self.method is None:
-            self.method = event.method
+        if event.method is not None and event.method not in self.methods:  # a listener kept over calls: each one's
+            self.method = event.method if self.method is None else f"{self.method}, {event.method}"
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -160,6 +160,11 @@ class SpecStats:
             self.reached_per_position.append(0)
 
     # ---- derived values -------------------------------------------------------------------------
+    @property
+    def methods(self) -> list[str]:
+        """The drafters' methods these statistics count (:attr:`method` split), in the order they came."""
+        return [] if self.method is None else self.method.split(", ")
+
     @property
     def new_tokens(self) -> int:
         return self.num_emitted_tokens
@@ -217,9 +222,9 @@ class SpecStats:
             self.reached_per_position[i] += r
         self.k_per_step += other.k_per_step
         self.policy_events += other.policy_events
-        if other.method is not None:
-            mine = self.method.split(", ") if self.method is not None else []
-            self.method = ", ".join(mine + [m for m in other.method.split(", ") if m not in mine])
+        for method in other.methods:
+            if method not in self.methods:
+                self.method = method if self.method is None else f"{self.method}, {method}"
         for source, counts in other.per_source.items():
             mine = self.per_source.setdefault(source, dict.fromkeys(counts, 0))
             for key, value in counts.items():

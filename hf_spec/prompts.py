@@ -127,25 +127,49 @@ def chat_inputs(tokenizer, text: str | list[str], chat: bool = True):
     return tokenizer(text, return_tensors="pt")
 
 
-def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "Prompt", flag: str = "new tokens") -> None:
-    """Refuse a prompt that, with its new tokens, would run past the model's positions
-    (``config.max_position_embeddings``; GPT-2's ``n_positions``): past them a model's positions are ones it was
-    never trained on (learned positions have no row there), so it writes garbage, slowly. A model without the
-    field passes.
+def model_context(model) -> int | None:
+    """How many positions the model was made to read: ``config.max_position_embeddings`` (GPT-2's ``n_positions``),
+    raised where scaled rotary embeddings stretch it (YaRN, linear, Llama 3's: ``original_max_position_embeddings``
+    or ``max_position_embeddings`` times ``factor``, Qwen2.5's long-context recipe); ``None`` where nothing bounds
+    it: no such field, or dynamic NTK scaling, which grows with the sequence."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    context = getattr(text, "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return None
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(rope, dict):
+        return context
+    # one set of parameters, or one per layer type (Gemma 3: full_attention, sliding_attention)
+    sets = [v for v in rope.values() if isinstance(v, dict)] or [rope]
+    for params in sets:
+        kind = params.get("rope_type", params.get("type"))
+        factor = params.get("factor")
+        if kind == "dynamic":
+            return None
+        if kind not in (None, "default") and isinstance(factor, (int, float)) and factor > 0:
+            original = params.get("original_max_position_embeddings")
+            context = max(context, int((original if isinstance(original, int) else context) * factor))
+    return context
+
+
+def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "Prompt") -> None:
+    """Refuse a prompt that, with its new tokens, would run past the positions the model was made to read
+    (:func:`model_context`): past them a model writes garbage, slowly (learned positions have no row there,
+    rotary ones were never trained on). A model without a bound passes.
 
     Args:
         model: the target (anything with a ``config``).
         prompt_tokens: the prompt's length in tokens (chat template included).
         max_new_tokens: the most new tokens asked.
-        what, flag: how the message names the prompt and the new-token setting.
+        what: how the message names the prompt.
 
     Raises:
         ValueError: saying by how much, and the most new tokens that would fit.
     """
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if config is not None else None
-    context = getattr(text, "max_position_embeddings", None)
-    if isinstance(context, int) and prompt_tokens + max_new_tokens > context:
-        raise ValueError(f"{what} is too long: {prompt_tokens} tokens (with the chat template, if any) and {max_new_tokens} "
-                         f"new tokens exceed the context of the model, {context} positions; shorten the prompt"
-                         + (f" or ask for at most {context - prompt_tokens} {flag}." if prompt_tokens < context else "."))
+    context = model_context(model)
+    if context is not None and prompt_tokens + max_new_tokens > context:
+        raise ValueError(f"{what} is too long: {prompt_tokens} tokens (with the chat template, if any) and "
+                         f"{max_new_tokens} new tokens exceed the context of the model, {context} positions; shorten "
+                         "the prompt" + (f" or ask for at most {context - prompt_tokens} new tokens."
+                                         if prompt_tokens < context else "."))

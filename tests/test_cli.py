@@ -721,7 +721,7 @@ def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, m
     that fit; GPT-2's n_positions counts as its context."""
     from types import SimpleNamespace
 
-    from transformers import GPT2Config
+    from transformers import GPT2Config, LlamaConfig
 
     import hf_spec.models
     from hf_spec.prompts import check_context
@@ -737,7 +737,16 @@ def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, m
     assert cli.main(argv + ["--prompt", long]) == 2
     assert f"The prompt is too long: {n_long} tokens" in capsys.readouterr().err
     assert cli.main(argv + ["--prompt", short]) == 2
-    assert f"ask for at most {256 - n_short} --max-new-tokens" in capsys.readouterr().err
+    assert f"ask for at most {256 - n_short} new tokens" in capsys.readouterr().err
     with pytest.raises(ValueError, match="context of the model, 16 positions"):
         check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 7)
     check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 6)  # fits: no error
+    # scaled rotary embeddings stretch the context (Qwen2.5's YaRN recipe: 32768 positions x 4); dynamic NTK
+    # scaling has no fixed bound
+    yarn = LlamaConfig(max_position_embeddings=32768,
+                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    check_context(SimpleNamespace(config=yarn), 40000, 128)
+    with pytest.raises(ValueError, match="context of the model, 131072 positions"):
+        check_context(SimpleNamespace(config=yarn), 131000, 128)
+    dynamic = LlamaConfig(max_position_embeddings=64, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    check_context(SimpleNamespace(config=dynamic), 1000, 128)

@@ -120,10 +120,16 @@ def test_a_character_split_over_tokens_shows_whole():
     step = StepEvent(1, 4, [kanji + [32]], [2], [kanji[:2] + [0x8c]], 0.0, 0.0, 0.0, [False])
     html = render_tokens([step], None, texts)
     assert html == ('<div class="hfspec-out"><span class="hfspec-acc"></span><span class="hfspec-acc"></span>'
-                    '<span class="hfspec-rej">\u6f22</span><span class="hfspec-rej">\ufffd </span>'
+                    '<span class="hfspec-rej">\u6f22</span><span class="hfspec-rej"> </span>'
                     '<span class="hfspec-fix">\u6f0c</span></div>')
     seq = [ord("a")] + rainbow + kanji[:2] + [0x8c]
     assert TokenTexts(decode).join(seq) == decode(seq) == "a\U0001f308\u6f0c"
+    # a rejected chain's rest is decoded token after token: a character split inside it shows once, whole
+    texts = TokenTexts(decode)
+    texts.push(ord("a"))
+    assert texts.candidates(rainbow + [ord("b")]) == ["", "", "", "\U0001f308", "b"] and texts.ids == [ord("a")]
+    # a character cut by the output's end (max new tokens, Stop) still shows, as U+FFFD, and in the run log's text
+    assert TokenTexts(decode).join([ord("H")] + rainbow[:3]) == "H\ufffd"
 
 
 def test_a_prompt_longer_than_the_context_is_refused():

@@ -534,6 +534,11 @@ def test_own_drafters_get_clear_errors_before_any_work(monkeypatch):
     assert out.stats.to_dict()["method"] == "repeat"
     plain = hf_spec.SpecStats()
     assert plain.merge(out.stats).merge(out.stats).method == "repeat"
+    # one listener kept over calls of two drafters counts both, as merging their statistics does
+    listener = hf_spec.SpecStats()
+    other = run(hf_spec.NgramDrafter(2), event_listeners=[listener])
+    run(Repeat(), event_listeners=[listener])
+    assert listener.method == "ngram, repeat" == hf_spec.SpecStats().merge(other.stats).merge(out.stats).method
 
 
 def test_register_drafter_twice_and_from_spec_keeps_k(monkeypatch):

@@ -277,7 +277,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     for i, text in enumerate(prompts):  # before any generation: a prompt past the context would write garbage
         what = "the prompt" if len(prompts) == 1 else f"prompt {i + 1} of {len(prompts)}"
         check_context(model, chat_inputs(tokenizer, text, args.chat)["input_ids"].shape[1], args.max_new_tokens,
-                      what=what[0].upper() + what[1:], flag="--max-new-tokens")
+                      what=what[0].upper() + what[1:])
     # warm-up, so that one-time costs land on neither side of the comparison
     warm = chat_inputs(tokenizer, prompts[0], args.chat)
     model.generate(**warm, max_new_tokens=2, do_sample=False, tokenizer=tokenizer)
