@@ -182,29 +182,59 @@ def render_tokens(events: list[StepEvent], decode, texts: TokenTexts | None = No
     return '<div class="hfspec-out">' + "".join(render_step(ev, decode, texts) for ev in events) + "</div>"
 
 
-def render_tree(event: StepEvent | None, decode) -> str:
+def render_tree(event: StepEvent | None, decode, decode_ids=None) -> str:
     """HTML of one step's draft (row 0) as a tree: each node under its parent, the accepted path in green, the
     rest struck through, the target's own token after the path; a chain shows as a tree of one branch. Empty
-    for no step or a step that drafted nothing."""
+    for no step or a step that drafted nothing. ``decode`` maps a token id to its text; with ``decode_ids`` (a list
+    of ids to its text: the tokenizer's ``decode``) each node is decoded after its ancestors instead, so that a
+    character split over several nodes shows whole on the node that completes it (the nodes before it empty)."""
     if event is None or not event.drafted[0]:
         return ""
     drafted, parents, path, cut = _step_tree(event)
     on_path = set(path)
+    if decode_ids is not None:
+        decode = _in_context(drafted, parents, decode_ids)
 
     def subtree(parent: int) -> str:
         if cut and parent == path[-1]:  # the draft below the row's last token was cut by the stop: not shown
             return ""
         items = []
         for j in (j for j, p in enumerate(parents) if p == parent):
-            label = _span("acc" if j in on_path else "rej", decode(drafted[j]))
+            label = _span("acc" if j in on_path else "rej", decode(drafted[j], j) if decode_ids else decode(drafted[j]))
             items.append(f"<li>{label}{subtree(j)}</li>")
         return f"<ul>{''.join(items)}</ul>" if items else ""
 
     emitted = event.emitted[0]
-    target = decode(emitted[event.num_accepted[0]]) if len(emitted) > event.num_accepted[0] and not cut else None
+    last = path[-1] if path else -1
+    target = None
+    if len(emitted) > event.num_accepted[0] and not cut:
+        token = emitted[event.num_accepted[0]]
+        target = decode(token, last, after=True) if decode_ids else decode(token)
     after = f" then the target's token {_span('fix', target)}" if target is not None else ""
     return (f'<div class="hfspec-out hfspec-tree">step {event.step}: {len(drafted)} drafted node'
             f'{"s" if len(drafted) != 1 else ""}, {len(path)} accepted{after}{subtree(-1)}</div>')
+
+
+def _in_context(drafted: list[int], parents: list[int], decode_ids):
+    """``text(token, node, after=False)``: the text of drafted node ``node`` (or, with ``after``, of ``token`` after
+    ``node``, -1: the root) decoded after its ancestors' tokens: "" while the character it begins is incomplete and
+    a child may complete it, U+FFFD where nothing does."""
+    def ids_to(node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(drafted[node])
+            node = parents[node]
+        return out[::-1]
+
+    def text(token: int, node: int, after: bool = False) -> str:
+        before = ids_to(node if after else parents[node])
+        shown = decode_ids(before).rstrip("\ufffd") if before else ""  # a held character is the new token's
+        full = decode_ids(before + [token])
+        has_children = not after and any(p == node for p in parents)
+        if full.endswith("\ufffd") and has_children:
+            return ""
+        return full[len(shown):] if full.startswith(shown) else full
+    return text
 
 
 def _stats_markdown(stats: SpecStats, plain: dict | None = None) -> str:
@@ -491,7 +521,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     def update():
         last_draft = next((ev for ev in reversed(seen) if ev.drafted[0]), None)
         return (LEGEND + '<div class="hfspec-out">' + "".join(shown) + "</div>", _stats_markdown(stats, plain), plot,
-                plain_text, status, render_tree(last_draft, decode))
+                plain_text, status, render_tree(last_draft, decode, tok.decode))
 
     models.running[session] = run
     worker.start()

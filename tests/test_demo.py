@@ -132,6 +132,26 @@ def test_a_character_split_over_tokens_shows_whole():
     assert TokenTexts(decode).join([ord("H")] + rainbow[:3]) == "H\ufffd"
 
 
+def test_the_tree_view_shows_a_character_split_over_nodes_whole():
+    """The tree view decoded each node alone, so a character over several nodes showed U+FFFD on each: decoded
+    after its ancestors, the node that completes it shows it, its ancestors nothing; a leaf that leaves it
+    incomplete shows U+FFFD; the target's token is decoded after the accepted path."""
+    from hf_spec.demo import render_tree
+
+    decode_ids = lambda ids: bytes(ids).decode("utf-8", errors="replace")  # noqa: E731  (ids are bytes)
+    k0, k1, k2 = "\u6f22".encode()
+    # root children k0 and "a"; k0 -> k1 -> k2 (accepted: k0, k1), k1 -> 0x8c too; then the target's "!"
+    ev = StepEvent(1, 3, [[k0, ord("a"), k1, k2, 0x8c]], [2], [[k0, k1, ord("!")]], 0.0, 0.0, 0.0, [False],
+                   parents=[[-1, -1, 0, 2, 2]], accepted_path=[[0, 2]])
+    view = render_tree(ev, lambda t: decode_ids([t]), decode_ids)
+    assert '<span class="hfspec-acc"></span><ul><li><span class="hfspec-acc"></span><ul><li>' \
+           '<span class="hfspec-rej">\u6f22</span></li><li><span class="hfspec-rej">\u6f0c</span>' in view
+    assert '<span class="hfspec-rej">a</span>' in view and view.count("\ufffd") == 1  # the target's, below
+    assert "then the target's token <span class=\"hfspec-fix\">\ufffd!</span>" in view  # k0 k1 then "!": invalid
+    leaf = StepEvent(1, 1, [[k0]], [0], [[ord("b")]], 0.0, 0.0, 0.0, [False], parents=[[-1]], accepted_path=[[]])
+    assert '<span class="hfspec-rej">\ufffd</span>' in render_tree(leaf, lambda t: decode_ids([t]), decode_ids)
+
+
 def test_a_prompt_longer_than_the_context_is_refused():
     """A prompt (with its new tokens) beyond the model's positions (SmolLM2: 8192) ran for minutes on a CPU,
     holding the one generation slot, and wrote garbage: now a message before any model runs."""
