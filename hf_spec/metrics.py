@@ -84,6 +84,9 @@ class SpecStats:
     #: per draft position i: row-steps with a draft attempt whose first i drafted tokens were accepted
     reached_per_position: list[int] = field(default_factory=list)
     k_per_step: list[int] = field(default_factory=list)
+    #: per step after the prefill: the positions the target verified per row, the drafted chain's or tree's nodes
+    #: plus one (``StepEvent.positions``; 1: a plain step): with ``num_tree_nodes="auto"``, the tree sizes it chose
+    positions_per_step: list[int] = field(default_factory=list)
     ttft_s: float = 0.0
     total_s: float = 0.0
     #: seconds each row spent after its first token, summed over rows (rows of a batch run at the same time, each
@@ -130,6 +133,7 @@ class SpecStats:
             self.num_sequences += len(event.emitted)
         else:
             self.k_per_step.append(event.num_speculative_tokens)
+            self.positions_per_step.append(event.positions)
         if event.policy:
             self.policy_events.append(dict(event.policy, step=event.step))
         for i, (drafted, emitted, accepted) in enumerate(zip(event.drafted, event.emitted, event.num_accepted)):
@@ -221,6 +225,7 @@ class SpecStats:
             self.drafted_per_position[i] += d
             self.reached_per_position[i] += r
         self.k_per_step += other.k_per_step
+        self.positions_per_step += other.positions_per_step
         self.policy_events += other.policy_events
         for method in other.methods:
             if method not in self.methods:

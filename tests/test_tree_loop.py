@@ -129,6 +129,9 @@ def test_tree_greedy_is_the_targets_own_output_single_and_batched():
         stats = out.stats
         assert stats.num_accepted_tokens > 0 and len(stats.drafted_per_position) == 3
         assert stats.num_target_forwards < stats.num_emitted_tokens
+        # the positions verified per step are the tree's nodes plus one (what a --tree auto bench reports)
+        assert stats.positions_per_step == [e.positions for e in events[1:]]
+        assert all(p == max(map(len, e.drafted)) + 1 for p, e in zip(stats.positions_per_step, events[1:]))
 
 
 def test_draft_model_tree_greedy_is_exact():

@@ -44,6 +44,8 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
             total.merge(s)
         out.update(acceptance_rate=total.acceptance_rate, mean_accepted_length=_tokens_per_forward(total),
                    acceptance_by_position=total.acceptance_by_position)
+        if any(total.positions_per_step):  # positions verified per step (a tree's nodes + 1): what --tree auto chose
+            out["verify_positions_mean"] = statistics.fmean(total.positions_per_step)
         if total.per_source:  # the hybrid drafter: drafted and accepted tokens by source
             out["per_source"] = total.per_source
         if total.policy_events:  # k=auto: what the controller did
