@@ -217,23 +217,18 @@ def render_tree(event: StepEvent | None, decode, decode_ids=None) -> str:
 
 def _in_context(drafted: list[int], parents: list[int], decode_ids):
     """``text(token, node, after=False)``: the text of drafted node ``node`` (or, with ``after``, of ``token`` after
-    ``node``, -1: the root) decoded after its ancestors' tokens: "" while the character it begins is incomplete and
-    a child may complete it, U+FFFD where nothing does."""
-    def ids_to(node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(drafted[node])
-            node = parents[node]
-        return out[::-1]
-
+    ``node``, -1: the root) as :class:`TokenTexts` gives it after the node's ancestors: "" while the character it
+    begins is incomplete and a child may complete it, U+FFFD where nothing does."""
     def text(token: int, node: int, after: bool = False) -> str:
-        before = ids_to(node if after else parents[node])
-        shown = decode_ids(before).rstrip("\ufffd") if before else ""  # a held character is the new token's
-        full = decode_ids(before + [token])
-        has_children = not after and any(p == node for p in parents)
-        if full.endswith("\ufffd") and has_children:
-            return ""
-        return full[len(shown):] if full.startswith(shown) else full
+        path, up = [], node if after else parents[node]
+        while up >= 0:
+            path.append(drafted[up])
+            up = parents[up]
+        texts = TokenTexts(decode_ids)
+        for t in reversed(path):  # the ancestors, root first; a character they began stays held
+            texts.push(t)
+        shown = texts.push(token)
+        return shown if not after and any(p == node for p in parents) else shown + texts.flush()
     return text
 
 

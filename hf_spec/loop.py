@@ -687,25 +687,24 @@ def _check_tree_nodes(num_tree_nodes, drafter: Drafter | None) -> tuple[int, Tre
         raise ValueError(f"num_tree_nodes must be an integer >= 0 (0: a chain) or \"auto\", got {num_tree_nodes!r}")
     else:
         num_tree_nodes = int(num_tree_nodes)  # numpy integers too, as num_speculative_tokens
-    if (sizer is not None or num_tree_nodes) and drafter is not None and drafter.drafts_trees \
-            and type(drafter).draft_tree is Drafter.draft_tree:
-        raise ValueError(f"num_tree_nodes={num_tree_nodes}: {type(drafter).__name__} sets drafts_trees = True but does "
-                         "not define draft_tree(sequences, k, num_nodes); define it (docs/architecture.md, 'Writing a "
-                         "drafter'), or drop num_tree_nodes")
-    if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees \
-            and type(drafter).draft_tree is not Drafter.draft_tree and getattr(drafter, "model_drafter", None) is None:
-        raise ValueError(f"num_tree_nodes={num_tree_nodes}: {type(drafter).__name__} defines draft_tree but its "
-                         "drafts_trees is False; set drafts_trees = True on the class to draft trees, or drop "
-                         "num_tree_nodes")
-    if (sizer is not None or num_tree_nodes) and drafter is not None and not drafter.drafts_trees:
-        inner = getattr(drafter, "model_drafter", None)
-        if inner is not None:  # a hybrid draws trees where its model drafter does
+    if drafter is not None and (sizer is not None or num_tree_nodes):
+        name, own_tree = type(drafter).__name__, type(drafter).draft_tree is not Drafter.draft_tree
+        inner = getattr(drafter, "model_drafter", None)  # a hybrid draws trees where its model drafter does
+        if drafter.drafts_trees and not own_tree:
+            raise ValueError(f"num_tree_nodes={num_tree_nodes}: {name} sets drafts_trees = True but does not define "
+                             "draft_tree(sequences, k, num_nodes); define it (docs/architecture.md, 'Writing a "
+                             "drafter'), or drop num_tree_nodes")
+        if not drafter.drafts_trees and own_tree and inner is None:
+            raise ValueError(f"num_tree_nodes={num_tree_nodes}: {name} defines draft_tree but its drafts_trees is "
+                             "False; set drafts_trees = True on the class to draft trees, or drop num_tree_nodes")
+        if not drafter.drafts_trees and inner is not None:
             raise ValueError(f"num_tree_nodes={num_tree_nodes}: the hybrid drafter's model source ({inner.method}) "
                              "drafts chains only; drop num_tree_nodes, or give the hybrid a model drafter that "
                              "drafts trees (DraftModelDrafter, MedusaDrafter)")
-        raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
-                         "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, SuffixDrafter, "
-                         "HybridDrafter)")
+        if not drafter.drafts_trees:
+            raise ValueError(f"num_tree_nodes={num_tree_nodes}: the {drafter.method} drafter drafts chains only; drop "
+                             "num_tree_nodes, or use a drafter that drafts trees (MedusaDrafter, DraftModelDrafter, "
+                             "SuffixDrafter, HybridDrafter)")
     return (0, sizer) if sizer is not None else (num_tree_nodes, None)
 
 

@@ -118,8 +118,8 @@ class SpecStats:
                               positions=event.positions,
                               accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None,
                               method=event.method))
-        if event.method is not None and event.method not in self.methods:  # a listener kept over calls: each one's
-            self.method = event.method if self.method is None else f"{self.method}, {event.method}"
+        if event.method is not None and event.method != self.method:  # a listener kept over calls: each one's
+            self._add_method(event.method)
         self.num_target_forwards += 1
         self.draft_time_s += event.draft_time_s
         self.verify_time_s += event.verify_time_s
@@ -168,6 +168,11 @@ class SpecStats:
     def methods(self) -> list[str]:
         """The drafters' methods these statistics count (:attr:`method` split), in the order they came."""
         return [] if self.method is None else self.method.split(", ")
+
+    def _add_method(self, method: str) -> None:
+        """List ``method`` in :attr:`method` unless it is there."""
+        if method not in self.methods:
+            self.method = method if self.method is None else f"{self.method}, {method}"
 
     @property
     def new_tokens(self) -> int:
@@ -228,8 +233,7 @@ class SpecStats:
         self.positions_per_step += other.positions_per_step
         self.policy_events += other.policy_events
         for method in other.methods:
-            if method not in self.methods:
-                self.method = method if self.method is None else f"{self.method}, {method}"
+            self._add_method(method)
         for source, counts in other.per_source.items():
             mine = self.per_source.setdefault(source, dict.fromkeys(counts, 0))
             for key, value in counts.items():

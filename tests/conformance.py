@@ -201,10 +201,26 @@ class Cell:
         return self.accepted / self.drafted if self.drafted else None
 
 
+def _inputs(batched: bool) -> dict:
+    return batch_inputs() if batched else dict(input_ids=torch.tensor([PROMPT], device=DEVICE))
+
+
+def _tally(cell: Cell, target, inputs: dict, ref, out, where: str) -> Cell | None:
+    """Count one run's drafted and accepted tokens into ``cell`` and compare its output with ``ref`` (the target's
+    own ``generate``): the failed cell where it differs, else ``None`` (``cell`` keeps a near-tie verdict)."""
+    cell.drafted += out.stats.num_draft_tokens
+    cell.accepted += out.stats.num_accepted_tokens
+    verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), inputs["input_ids"].shape[1])
+    if verdict.startswith("DIFFERENT"):
+        return Cell(f"{verdict} ({where})")
+    if verdict != "exact":
+        cell.verdict = verdict
+    return None
+
+
 def run_cell(target, draft, kind: str, batched: bool) -> Cell:
     """Every run of RUNS for one (drafter, batch) cell: "exact", or the first failure or refusal."""
-    inputs = batch_inputs() if batched else dict(input_ids=torch.tensor([PROMPT], device=DEVICE))
-    start = inputs["input_ids"].shape[1]
+    inputs = _inputs(batched)
     cell = Cell("exact")
     for k, extra in RUNS:
         try:
@@ -214,13 +230,9 @@ def run_cell(target, draft, kind: str, batched: bool) -> Cell:
         except ValueError as e:
             return Cell(f"refused: {e}")
         ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, **extra)
-        cell.drafted += out.stats.num_draft_tokens
-        cell.accepted += out.stats.num_accepted_tokens
-        verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), start)
-        if verdict.startswith("DIFFERENT"):
-            return Cell(f"{verdict} (k={k}, {extra or 'no processors'})")
-        if verdict != "exact":
-            cell.verdict = verdict
+        failed = _tally(cell, target, inputs, ref, out, f"k={k}, {extra or 'no processors'}")
+        if failed:
+            return failed
     return cell
 
 
@@ -229,9 +241,8 @@ def run_tree_cell(target, draft) -> Cell:
     with ``generate``: "exact", or the first failure or refusal."""
     cell = Cell("exact")
     for batched in (False, True):
-        inputs = batch_inputs() if batched else dict(input_ids=torch.tensor([PROMPT], device=DEVICE))
-        start = inputs["input_ids"].shape[1]
-        ref = None
+        inputs = _inputs(batched)
+        ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
         for kind in TREE_DRAFTERS:
             for nodes in TREE_NODES:
                 try:
@@ -240,15 +251,10 @@ def run_tree_cell(target, draft) -> Cell:
                                           drafter=make_drafter(kind, target, draft, 3), num_tree_nodes=nodes)
                 except ValueError as e:
                     return Cell(f"refused: {e}")
-                if ref is None:
-                    ref = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
-                cell.drafted += out.stats.num_draft_tokens
-                cell.accepted += out.stats.num_accepted_tokens
-                verdict = compare(target, ref, out.sequences, inputs.get("attention_mask"), start)
-                if verdict.startswith("DIFFERENT"):
-                    return Cell(f"{verdict} ({kind}, num_tree_nodes={nodes}, {'batch' if batched else 'single'})")
-                if verdict != "exact":
-                    cell.verdict = verdict
+                failed = _tally(cell, target, inputs, ref, out,
+                                f"{kind}, num_tree_nodes={nodes}, {'batch' if batched else 'single'}")
+                if failed:
+                    return failed
     return cell
 
 

@@ -183,4 +183,6 @@ def run_tune(args) -> int:
 def _runs_a_draft_model(methods) -> bool:
     """Whether any method drafts with a draft model (``draft:NAME``, ``hybrid:draft:NAME``, transformers' assisted
     generation): only then has the run a draft dtype to report."""
-    return any(m.kind.startswith("hf-assisted") or (m.kind == "hf-spec" and "draft:" in m.spec) for m in methods)
+    from .generate import uses_a_draft_model
+
+    return any(m.kind.startswith("hf-assisted") or (m.kind == "hf-spec" and uses_a_draft_model(m.spec)) for m in methods)

@@ -110,7 +110,7 @@ def draft_dtype_flag(args, runs_a_draft_model: bool, drafter: str) -> str:
 
 
 def uses_a_draft_model(spec) -> bool:
-    """Whether a parsed drafter spec (or ``None``) drafts with a draft model: ``draft:MODEL`` or
+    """Whether a drafter spec (text or parsed; ``None``: none) drafts with a draft model: ``draft:MODEL`` or
     ``hybrid:draft:MODEL``."""
     return spec is not None and str(spec).startswith(("draft:", "hybrid:draft:"))
 
