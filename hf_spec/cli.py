@@ -294,6 +294,11 @@ def _add_train_medusa(sub) -> None:
     p.add_argument("--negatives", type=_negatives, default=d.negatives,
                    help=f"random tokens added to each batch's softmax (default {d.negatives}), or 'all': the softmax "
                         "over the whole vocabulary (heads agree more with the target; ~7x the training time)")
+    p.add_argument("--truncated-vocab-size", type=int, default=d.truncated_vocab_size, metavar="N",
+                   help="save the heads with a token map of the N token ids the target chose most often in training "
+                        "(vLLM's truncated_vocab_size): they draft over those only, which costs less per step; 0 (or N "
+                        f"at least the vocabulary): the whole vocabulary (default {d.truncated_vocab_size}). A rerun "
+                        "with another N only re-saves the heads")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help=f"save a resumable checkpoint every this many steps (default {d.checkpoint_every})")
     p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction,

@@ -143,7 +143,8 @@ def test_corpus_files_text_and_jsonl(tmp_path):
 @slow
 def test_train_medusa_on_a_text_file(tmp_path):
     """Tiny settings on real SmolLM2: heads saved in vLLM's Medusa layout, a report, and a rerun of the
-    same command resumes from the finished checkpoint and cached features (same heads)."""
+    same command resumes from the finished checkpoint and cached features (same heads); with
+    another --truncated-vocab-size (the default 32,768 for SmolLM2's 49,152 ids) the rerun only adds a token map."""
     from safetensors.torch import load_file
 
     data = tmp_path / "corpus.txt"
@@ -152,7 +153,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     out = tmp_path / "heads"
     argv = ("train-medusa", "--target", "smollm2-135m", "--data", str(data), "--heads", "2", "--epochs", "1",
             "--batch-size", "16", "--out", str(out))
-    r = run(*argv)
+    r = run(*argv, "--truncated-vocab-size", "0")  # the whole vocabulary
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["kind"] == "text" and len(report["agreement"]) == 2 and report["positions"] > 100
@@ -164,12 +165,16 @@ def test_train_medusa_on_a_text_file(tmp_path):
     first = load_file(str(out / "model.safetensors"))
     assert set(first) == {f"blocks.{i}.layers.0.{w}" for i in range(2) for w in ("weight", "bias")} | {"lm_heads.0.weight"}
     assert first["lm_heads.0.weight"].shape == (49152, 576)  # the target's lm_head, which vLLM's draft needs
+    assert report["token_map"] is None
     r = run(*argv)
     assert r.returncode == 0, r.stderr[-2000:]
     again = json.loads((out / "report.json").read_text())
     assert again["texts_computed"] == 0 and again["resumed_from_step"] == again["steps"]
     second = load_file(str(out / "model.safetensors"))
     assert all(first[k].equal(second[k]) for k in first)
+    assert second["token_map"].shape == (32768,) and json.loads((out / "config.json").read_text())["truncated_vocab_size"] == 32768
+    assert again["token_map"]["size"] == 32768 and 0 < again["token_map"]["held_out_coverage"] <= 1
+    assert "token map: 32768 ids" in r.stdout
 
 
 @slow
@@ -179,6 +184,7 @@ def test_train_medusa_on_a_text_file(tmp_path):
     (["--data", "specbench", "/no/such/file.txt"], "no such data file"),  # every source is checked before loading
     (["--holdout-fraction", "1.5"], "--holdout-fraction must be in (0, 1)"),
     (["--negatives", "some"], "expected a count >= 0 or 'all'"),
+    (["--truncated-vocab-size", "-5"], "--truncated-vocab-size must be a count >= 0"),
 ])
 def test_train_medusa_bad_input(tmp_path, args, msg):
     r = run("train-medusa", "--target", "smollm2-135m", "--out", str(tmp_path / "o"), *args)

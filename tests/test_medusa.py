@@ -226,15 +226,32 @@ def sampling_pair():
     return target, heads
 
 
-def test_medusa_sampling_is_distribution_exact(sampling_pair):
+def _mapped(heads, token_map):
+    """A copy of ``heads`` (bound to the same target) that scores only ``token_map``; ``heads`` itself for None."""
+    import copy
+
+    if token_map is None:
+        return heads
+    twin = copy.deepcopy(heads)
+    twin._lm_head = list(heads._lm_head)  # the same target's lm_head, not a copy of it
+    return twin.set_token_map(token_map)
+
+
+# a token map of 6 of the 10 ids: the heads' q is then 0 on 4 ids the target can sample
+SAMPLING_MAP = [0, 2, 3, 5, 7, 8]
+
+
+@pytest.mark.parametrize("token_map", [None, SAMPLING_MAP], ids=["whole vocabulary", "token map"])
+def test_medusa_sampling_is_distribution_exact(sampling_pair, token_map):
     target, heads = sampling_pair
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
-    counts = sample_counts(target, None, procs, seed=21, drafter=MedusaDrafter(heads, 2))
+    counts = sample_counts(target, None, procs, seed=21, drafter=MedusaDrafter(_mapped(heads, token_map), 2))
     assert pvalue(counts, exact) > ALPHA
 
 
-def test_medusa_sampling_test_has_power(sampling_pair, monkeypatch):
+@pytest.mark.parametrize("token_map", [None, SAMPLING_MAP], ids=["whole vocabulary", "token map"])
+def test_medusa_sampling_test_has_power(sampling_pair, monkeypatch, token_map):
     """The same test rejects a wrong acceptance rule with Medusa drafts, and the heads disagree with the
     target (so drafts are really rejected)."""
     import hf_spec.acceptance
@@ -245,7 +262,7 @@ def test_medusa_sampling_test_has_power(sampling_pair, monkeypatch):
     procs = processors(1.0)
     exact = exact_distribution(target, procs)
     monkeypatch.setattr(hf_spec.acceptance, "_residual", wrong_residual)
-    counts = sample_counts(target, None, procs, seed=22, drafter=MedusaDrafter(heads, 2))
+    counts = sample_counts(target, None, procs, seed=22, drafter=MedusaDrafter(_mapped(heads, token_map), 2))
     assert pvalue(counts, exact) < ALPHA
 
 
@@ -502,3 +519,135 @@ def test_heads_projected_in_the_targets_forward_draft_as_the_drafter_projects_th
             drafts[joined] = [e.drafted for e in events]
         if not hybrid:  # the hybrid's choice of source also weighs measured times, which differ run to run
             assert drafts[True] == drafts[False] and any(any(d) for d in drafts[True])
+
+
+# ---- a token map (vLLM's truncated_vocab_size) ------------------------------------------------------
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_token_map_heads_score_only_its_ids(variant):
+    target = tiny_llama(seed=2)
+    heads = random_heads(n=3, variant=variant, seed=4).bind(target)
+    hidden = torch.randn(2, 5, H)
+    whole = heads(hidden)
+    ids = [1, 4, 9, 17, 30]
+    mapped = _mapped(heads, [30, 4, 1, 17, 9])  # any order; kept sorted
+    assert mapped.token_map.tolist() == ids and mapped.config.truncated_vocab_size == 5
+    out = mapped(hidden)
+    assert out.shape == whole.shape
+    torch.testing.assert_close(out[..., ids], whole[..., ids])
+    outside = [t for t in range(V) if t not in ids]
+    assert torch.isinf(out[..., outside]).all() and (out[..., outside] < 0).all()
+    torch.testing.assert_close(mapped(hidden, truncated=True), whole[..., ids])
+    assert torch.equal(mapped(hidden, num_heads=2), out[..., :2, :])
+    mapped.set_token_map(None)
+    assert mapped.config.truncated_vocab_size is None and torch.equal(mapped(hidden), whole)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([], "non-empty"), ([[1, 2]], "1-D"), ([0.5, 2.0], "integer"), ([3, 3, 4], "repeats"), ([0, V], r"0\.\.31"),
+    ([-1, 2], r"0\.\.31"), ([True, False], "integer"),
+])
+def test_bad_token_maps_are_clear_errors(bad, message):
+    with pytest.raises(MedusaCheckpointError, match=message):
+        random_heads(n=2).set_token_map(bad)
+
+
+def test_token_map_rows_follow_the_targets_lm_head():
+    """The mapped rows of a shared projection are gathered once and reused, and gathered again when the target's
+    lm_head changes (in place, or another target's is passed)."""
+    target = tiny_llama(seed=2)
+    heads = _mapped(random_heads(n=2, seed=4).bind(target), [2, 3, 5, 8, 13])
+    hidden = torch.randn(3, H)
+    first = heads(hidden)
+    assert heads.mapped_projection(0).data_ptr() == heads.mapped_projection(0).data_ptr()  # one gather
+    with torch.no_grad():
+        target.lm_head.weight.mul_(2.0)
+    again = heads(hidden)
+    torch.testing.assert_close(again[..., [2, 3, 5, 8, 13]], 2 * first[..., [2, 3, 5, 8, 13]])
+    other = tiny_llama(seed=7)
+    W = other.get_output_embeddings().weight
+    torch.testing.assert_close(heads(hidden, lm_head=W, truncated=True), heads.hidden(hidden) @ W[[2, 3, 5, 8, 13]].T)
+
+
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_token_map_round_trips(tmp_path, variant):
+    target = tiny_llama(seed=2)
+    heads = _mapped(random_heads(n=2, variant=variant, seed=4).bind(target), [0, 3, 6, 7, 20, 31])
+    heads.save_pretrained(tmp_path)
+    loaded = MedusaHeads.from_pretrained(tmp_path, target=target)
+    assert loaded.token_map.tolist() == [0, 3, 6, 7, 20, 31] and loaded.config.truncated_vocab_size == 6
+    hidden = torch.randn(4, H)
+    assert torch.equal(loaded(hidden), heads(hidden))
+
+
+@pytest.mark.parametrize("nodes", [None, 6], ids=["chain", "tree"])
+def test_token_map_drafts_are_its_ids_and_output_is_the_targets(nodes):
+    """Heads with a token map draft only its ids (chain and tree), project after the forward rather than in it,
+    and the batch's greedy output is the target's own; with the call's processors ruling out every mapped id
+    (suppress_tokens), the draft takes an id they allow instead of failing, greedy and sampled."""
+    target = tiny_llama(seed=1)
+    ids = [0, 3, 5, 7, 9, 11, 13]
+    heads = _mapped(random_heads(n=4, seed=1).bind(target), ids)
+    prompts = [[0, 5, 7, 9, 3, 5, 7, 9], [0, 4, 6]]
+    width = max(map(len, prompts))
+    kw = dict(input_ids=torch.tensor([[1] * (width - len(p)) + p for p in prompts]),
+              attention_mask=torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+              max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    tree = {} if nodes is None else {"num_tree_nodes": nodes}
+    for extra in ({}, {"suppress_tokens": ids}):
+        ref = target.generate(**kw, **extra)
+        drafter = MedusaDrafter(heads, 3)
+        events = []
+        out = target.generate(**kw, **extra, **tree, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                              drafter=drafter, event_listeners=[events.append])
+        assert torch.equal(out.sequences, ref), extra
+        assert drafter.head_rows_per_position == 0
+        drafted = {t for e in events for row in e.drafted for t in row}
+        assert drafted, extra
+        if not extra:
+            assert drafted <= set(ids)
+            assert any(a for e in events for a in e.num_accepted)
+        elif nodes is None:  # the chain went through the processors: every mapped id was ruled out
+            assert not drafted & set(ids)
+    sampled = target.generate(**kw | {"do_sample": True}, suppress_tokens=ids, **tree, custom_generate=hf_spec.generate,
+                              drafter=MedusaDrafter(heads, 3))
+    assert not set(sampled[:, width:].flatten().tolist()) & set(ids)
+
+
+def test_frequent_tokens_rank_by_the_targets_choices_on_the_given_texts():
+    """A brute-force reference: ids ranked by how often they were the target's greedy token on the given texts'
+    positions, then by their summed top-K probability there, then by the lower id; the ``always`` ids first; the
+    other texts' positions do not count."""
+    g = torch.Generator().manual_seed(3)
+    parts = []
+    for n in (9, 14, 6, 11):
+        top_ids = torch.stack([torch.randperm(12, generator=g)[:4] for _ in range(n)])
+        top_ids[:, 0] = torch.randint(0, 6, (n,), generator=g)  # greedy tokens from a few ids: many ties in count
+        parts.append((torch.zeros(n, 2), top_ids, torch.randn(n, 4, generator=g).log_softmax(-1)))
+    feats = medusa_train.Features.concat(parts, {"vocab_size": 12})
+    texts = {0, 2, 3}
+    count, mass = [0] * 12, [0.0] * 12
+    for p in range(feats.top_ids.shape[0]):
+        if int(feats.text_index[p]) in texts:
+            count[int(feats.top_ids[p, 0])] += 1
+            for t, lp in zip(feats.top_ids[p].tolist(), feats.top_logp[p].tolist()):
+                mass[t] += torch.tensor(lp, dtype=torch.double).exp().item()
+    ranked = sorted(range(12), key=lambda t: (-count[t], -mass[t], t))
+    for size in (1, 3, 5, 12, 40):
+        assert medusa_train.frequent_tokens(feats, texts, size).tolist() == sorted(ranked[:size]), size
+    always = [ranked[-1]]
+    assert medusa_train.frequent_tokens(feats, texts, 3, always).tolist() == sorted(always + ranked[:2])
+    assert medusa_train.frequent_tokens(feats, {1}, 3).tolist() != medusa_train.frequent_tokens(feats, texts, 3).tolist()
+    with pytest.raises(ValueError, match="size >= 1"):
+        medusa_train.frequent_tokens(feats, texts, 0)
+
+
+def test_token_map_size_does_not_change_the_training_run():
+    """--truncated-vocab-size is chosen after training: a run that differs only in it resumes the same checkpoint."""
+    heads = random_heads(n=2)
+    base = medusa_train.TrainSettings(heads=2)
+    key = medusa_train._settings_hash(base, heads)
+    assert medusa_train._settings_hash(medusa_train.TrainSettings(heads=2, truncated_vocab_size=16), heads) == key
+    assert medusa_train._settings_hash(base, heads.set_token_map([1, 2, 3])) == key
+    assert medusa_train._settings_hash(medusa_train.TrainSettings(heads=2, epochs=4), heads) != key
+    with pytest.raises(ValueError, match="truncated-vocab-size"):
+        medusa_train.TrainSettings(truncated_vocab_size=-1).check()

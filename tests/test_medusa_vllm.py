@@ -88,24 +88,35 @@ def vllm_parameters(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def vllm_load_weights(cfg: dict, weights: dict[str, torch.Tensor]):
-    """``Medusa.load_weights``: returns (parameter name -> tensor, names it skipped, parameters left unloaded)."""
+    """``Medusa.load_weights``: returns (parameter name -> tensor, names it skipped, parameters left unloaded); a
+    token map it keeps (only with ``truncated_vocab_size < vocab_size``) is under ``"token_map"``, and projections
+    with more rows than the map are cut to the map's rows, as vLLM does after reading every name."""
     params = vllm_parameters(cfg)
-    loaded, skipped = {}, []
+    loaded, skipped, token_map = {}, [], None
     for name, tensor in weights.items():
         name = name.replace("medusa_heads.", "")
         if name == "token_map":
-            assert cfg["truncated_vocab_size"] == cfg["vocab_size"], "these tests never truncate"
+            if cfg["truncated_vocab_size"] < cfg["vocab_size"]:
+                token_map = tensor
         elif name in params:
             loaded[name] = tensor
         elif cfg.get("original_lm_head", False) and name == "lm_heads.0.weight":
             loaded["lm_head.weight"] = tensor
         else:
             skipped.append(name)
-    return loaded, skipped, sorted(set(params) - set(loaded))
+    for name, tensor in loaded.items():
+        if "lm_head" in name and token_map is not None and tensor.shape[0] > token_map.shape[0]:
+            loaded[name] = tensor[token_map]
+    unloaded = sorted(set(params) - set(loaded))
+    assert cfg["truncated_vocab_size"] == cfg["vocab_size"] or token_map is not None  # vLLM asserts this
+    if token_map is not None:
+        loaded["token_map"] = token_map
+    return loaded, skipped, unloaded
 
 
 def vllm_medusa_logits(cfg: dict, params: dict[str, torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
-    """``Medusa.forward`` then ``compute_logits`` on one device: ``[..., num_heads, vocab]``."""
+    """``Medusa.forward`` then ``compute_logits`` on one device: ``[..., num_heads, vocab]`` (``-inf`` outside a
+    token map)."""
     out = []
     for i in range(cfg["num_heads"]):
         x = hidden
@@ -113,7 +124,12 @@ def vllm_medusa_logits(cfg: dict, params: dict[str, torch.Tensor], hidden: torch
             x = x + F.silu(F.linear(x, params[f"blocks.{i}.layers.{j}.weight"].float(),
                                     params.get(f"blocks.{i}.layers.{j}.bias")))
         lm_head = params["lm_head.weight"] if cfg.get("original_lm_head", False) else params[f"lm_heads.{i}.weight"]
-        out.append(F.linear(x, lm_head.float()) * cfg.get("logit_scale", 1.0))
+        logits = F.linear(x, lm_head.float()) * cfg.get("logit_scale", 1.0)
+        if "token_map" in params:
+            full = torch.full((*logits.shape[:-1], cfg["vocab_size"]), -torch.inf)
+            full[..., params["token_map"]] = logits
+            logits = full
+        out.append(logits)
     return torch.stack(out, dim=-2)
 
 
@@ -274,3 +290,54 @@ def test_two_shared_projections_are_refused(tmp_path):
     save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(MedusaCheckpointError, match=r"found \['lm_heads.0.weight', 'lm_head.weight'\]"):
         MedusaHeads.from_pretrained(tmp_path)
+
+
+# ---- a token map ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", ["full", "shared-lm-head"])
+def test_token_map_is_saved_as_vllm_reads_it(tmp_path, variant):
+    """Heads with a token map: vLLM reads truncated_vocab_size from the config, keeps token_map, cuts the
+    projections to its rows, and computes hf-spec's logits (``-inf`` outside the map) from the file."""
+    target = tiny_llama(vocab_size=V)
+    heads = random_heads(n=3, variant=variant, seed=2).bind(target).set_token_map([1, 5, 6, 20, 33, 47])
+    raw, weights = saved(tmp_path, heads)
+    cfg = vllm_config(raw)
+    assert (cfg["truncated_vocab_size"], cfg["vocab_size"]) == (6, V)
+    assert weights["token_map"].dtype == torch.int64
+    params, skipped, unloaded = vllm_load_weights(cfg, weights)
+    assert skipped == [] and unloaded == []
+    assert {n: tuple(t.shape) for n, t in params.items() if n != "token_map"} == vllm_parameters(cfg)
+    hidden = torch.randn(2, 4, H)
+    theirs, ours = vllm_medusa_logits(cfg, params, hidden), heads(hidden)
+    torch.testing.assert_close(theirs, ours)
+    assert torch.equal(theirs.argmax(-1), ours.argmax(-1))
+
+
+@pytest.mark.parametrize("edit,message", [
+    ("no map", "needs a token_map of 6"),
+    ("short map", "needs a token_map of 6"),
+    ("repeated id", "repeats"),
+    ("short projection", "hf-spec needs all 48 rows"),
+])
+def test_token_maps_hf_spec_cannot_use_are_refused(tmp_path, edit, message):
+    heads = random_heads(n=2, variant="full").set_token_map([1, 5, 6, 20, 33, 47])
+    _, weights = saved(tmp_path, heads)
+    if edit == "no map":
+        del weights["token_map"]
+    elif edit == "short map":
+        weights["token_map"] = weights["token_map"][:5]
+    elif edit == "repeated id":
+        weights["token_map"] = torch.tensor([1, 5, 5, 20, 33, 47])
+    else:
+        weights["lm_heads.1.weight"] = weights["lm_heads.1.weight"][weights["token_map"]]
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(MedusaCheckpointError, match=message):
+        MedusaHeads.from_pretrained(tmp_path)
+
+
+def test_token_map_without_truncation_is_ignored_as_vllm_ignores_it(tmp_path):
+    heads = random_heads(n=2, variant="full")
+    raw, weights = saved(tmp_path, heads)
+    weights["token_map"] = torch.arange(10)
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    assert vllm_load_weights(vllm_config(raw), weights)[1:] == ([], [])
+    assert MedusaHeads.from_pretrained(tmp_path).token_map is None

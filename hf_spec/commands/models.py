@@ -33,6 +33,10 @@ def run_train_medusa(args) -> int:
     print("|---|---|---|---|---|")
     for h in report["agreement"]:
         print(f"| {h['head']} | t+{h['head'] + 2} | {h['top1']:.1%} | {h['top5']:.1%} | {h['positions']} |")
+    if report["token_map"]:
+        coverage = report["token_map"]["held_out_coverage"]
+        print(f"token map: {report['token_map']['size']} ids, the target's held-out tokens "
+              f"{'(none held out)' if coverage is None else f'{coverage:.1%}'} inside it")
     print(f"saved to {args.out}")
     return 0
 

@@ -25,7 +25,9 @@ that another call could see, so any number of calls and threads can share it. He
 ``lm_head`` ask the loop to project their rows in the target's verify forwards (:meth:`head_rows`;
 :func:`hf_spec.kernels.extra_rows`, state on the calling thread only) where one product over the target's and the
 heads' rows was measured faster than two: the vocabulary projection's weights (a 151,936 x 1,536 matrix for Qwen2.5)
-are then read once per step, not twice. Medusa's "typical acceptance" (accepting
+are then read once per step, not twice. Heads with a token map (vLLM's ``truncated_vocab_size``; see
+:mod:`hf_spec.medusa.heads`) project only the accepted position's rows, over the map's rows of the projection, after
+the forward; their drafts are the map's ids. Medusa's "typical acceptance" (accepting
 tokens the target finds merely plausible) is lossy and is not offered.
 """
 
@@ -44,6 +46,9 @@ __all__ = ["MedusaDrafter", "sparse_tree"]
 RANKS = 8
 #: how many observations the prior counts for, against a call's measured hits
 PRIOR_WEIGHT = 8.0
+#: the logit a chain draft gives ids outside the heads' token map: probability 0 in float32 next to any mapped
+#: id's, yet finite, so that a token the call's processors allow is drafted when they forbid every mapped one
+OUTSIDE_MAP = -1e9
 
 
 def prior_accuracy(d: int, r: int) -> float:
@@ -173,8 +178,11 @@ class MedusaDrafter(Drafter):
                              f"{self._lm_head.device}: put them on one device (heads.to(device)) before generating")
         self._last = None
         self._last_logits: torch.Tensor | None = None  # [B, heads, V]: the heads' logits from the target's forward
-        # every head, at every scored position: the next step's k is not known at the forward
-        self.head_rows_per_position = self.heads.num_heads if self.heads.shares_lm_head else 0
+        # every head, at every scored position: the next step's k is not known at the forward. Not with a token
+        # map: its rows are a fifth of the lm_head or less, and projecting the one accepted position's rows
+        # after the forward (in draft) costs less than every position's inside it
+        self.head_rows_per_position = (self.heads.num_heads if self.heads.shares_lm_head
+                                       and self.heads.token_map is None else 0)
         # per (head, rank): how often head d's rank-r token was the target's, where the text reached depth d
         self._hits = [[0.0] * RANKS for _ in range(self.heads.num_heads)]
         self._trials = [0.0] * self.heads.num_heads
@@ -221,12 +229,20 @@ class MedusaDrafter(Drafter):
                     self._hits[d][int(ranks[0])] += 1
         self._top = None
 
-    def _logits(self, k: int) -> torch.Tensor:
+    def _logits(self, k: int, truncated: bool = False) -> torch.Tensor:
         """``[B, k, V]`` float32: the first k heads' logits at each row's newest token, from the target's forward
-        where it projected them, else projected here."""
+        where it projected them, else projected here. With a token map the heads score only its ids: ``[B, k,
+        V']`` when ``truncated``, else :data:`OUTSIDE_MAP` at every other id (a floor, not -inf: should the call's
+        processors rule out every mapped id, the draft takes a token they allow instead of one they forbid)."""
         if self._last_logits is not None:
             return self._last_logits[:, :k].float()
-        return self.heads(self._last, num_heads=k, lm_head=self._lm_head).float()
+        logits = self.heads(self._last, num_heads=k, lm_head=self._lm_head, truncated=True).float()
+        token_map = self.heads.token_map
+        if token_map is None or truncated:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.heads.config.vocab_size), OUTSIDE_MAP)
+        full[..., token_map.to(full.device)] = logits
+        return full
 
     @torch.no_grad()
     def draft(self, sequences, k):
@@ -264,9 +280,12 @@ class MedusaDrafter(Drafter):
     def tree_of_paths(self, paths: list[tuple[int, ...]], k: int):
         """The rank ``paths`` (tuples, each with its parent among them, by depth) as a draft tree from the heads'
         logits at each row's newest token: ``(tokens [B, N], num_drafted [B], None, parents [B, N])``."""
-        logits = self._logits(k)
+        mapped = self._last_logits is None and self.heads.token_map is not None
+        logits = self._logits(k, truncated=True)
         index = {p: j for j, p in enumerate(paths)}
         top = logits.topk(min(RANKS, logits.shape[-1]), dim=-1).indices  # [B, k, R]
+        if mapped:  # column j of truncated logits scores token_map[j]
+            top = self.heads.token_map.to(top.device)[top]
         self._top = top
         tokens = torch.stack([top[:, len(p) - 1, p[-1]] for p in paths], dim=1)
         parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths]).expand(len(tokens), -1)

@@ -42,6 +42,14 @@ FasterDecoding's (TGI reads the same)::
                                  and for "full" "{i}.{L}.weight" [V, H]
     (or medusa_lm_head.pt, a torch state dict with the same keys, as FasterDecoding saves)
 
+A truncated vocabulary (vLLM's ``truncated_vocab_size`` with a ``token_map``; FR-Spec, Zhao et al. 2025, calls it a
+frequency-ranked draft vocabulary): the heads score only the ``truncated_vocab_size`` token ids listed in the
+int64 tensor ``"token_map"`` [V'] of ``model.safetensors`` (the projections keep all V rows; vLLM gathers the
+mapped ones when it loads, hf-spec when it first projects). Drafting costs less (4 heads x V' rows instead of
+4 x V) and the heads can never propose a token outside the map; the target verifies as always, so the output
+is unchanged. :meth:`MedusaHeads.set_token_map` sets one; ``hf-spec train-medusa --truncated-vocab-size``
+builds it from the target's most frequent answer tokens.
+
 A config without ``hf_spec_variant`` (FasterDecoding's, or vLLM-layout files from other tools) gets its
 variant from the files: ``original_lm_head`` true means ``shared-lm-head``; in FasterDecoding's layout a
 ``{i}.{L}.weight`` key means ``full``.
@@ -122,6 +130,8 @@ class MedusaConfig:
         vocab_size: V, the target's vocabulary size (rows of its ``lm_head``).
         variant: ``"full"`` (own projection per head) or ``"shared-lm-head"`` (the target's ``lm_head``).
         base_model_name_or_path: the target the heads were trained for (informational).
+        truncated_vocab_size: V', the number of token ids the heads score (their ``token_map``), or ``None``:
+            the whole vocabulary. Set through :meth:`MedusaHeads.set_token_map`.
     """
 
     medusa_num_heads: int
@@ -130,6 +140,7 @@ class MedusaConfig:
     vocab_size: int
     variant: str = "full"
     base_model_name_or_path: str | None = None
+    truncated_vocab_size: int | None = None
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -138,6 +149,10 @@ class MedusaConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise MedusaCheckpointError(f"Medusa config: {name} must be a positive integer, got {value!r}")
+        t = self.truncated_vocab_size
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= self.vocab_size):
+            raise MedusaCheckpointError(
+                f"Medusa config: truncated_vocab_size must be an integer in 1..vocab_size ({self.vocab_size}), got {t!r}")
 
     def to_json(self) -> dict:
         """FasterDecoding's keys plus ``hf_spec_variant`` (the config hf-spec wrote before it wrote vLLM's;
@@ -149,7 +164,7 @@ class MedusaConfig:
     def to_vllm_json(self) -> dict:
         """``config.json`` as vLLM's ``MedusaConfig`` reads it (``vllm/transformers_utils/configs/medusa.py``):
         ``model_type`` ``"medusa"`` (so vLLM detects the method from the folder), ``num_heads``,
-        ``num_hidden_layers``, sizes, ``truncated_vocab_size`` equal to ``vocab_size`` (no token map),
+        ``num_hidden_layers``, sizes, ``truncated_vocab_size`` (``vocab_size`` when there is no token map),
         ``medusa_fc_bias`` true (hf-spec's blocks have biases; vLLM's default is none) and
         ``original_lm_head`` for the shared projection; plus hf-spec's ``hf_spec_variant`` and
         ``base_model_name_or_path``. No other key holds both "num" and "heads" (or "layers"): vLLM renames
@@ -161,7 +176,7 @@ class MedusaConfig:
             "num_hidden_layers": self.medusa_num_layers,
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
-            "truncated_vocab_size": self.vocab_size,
+            "truncated_vocab_size": self.truncated_vocab_size or self.vocab_size,
             "medusa_fc_bias": True,
             "original_lm_head": self.variant == "shared-lm-head",
             "hf_spec_variant": self.variant,
@@ -203,6 +218,40 @@ class MedusaHeads(nn.Module):
             for _ in range(config.medusa_num_heads)
         )
         self._lm_head: list[nn.Module] = []  # a list, so that the target's lm_head is not registered here
+        self.register_buffer("token_map", None, persistent=False)  # LongTensor[V'] or None: see set_token_map
+        self._mapped: dict[int, tuple] = {}  # head (-1: the shared projection) -> (its weight's identity, its map rows)
+
+    def set_token_map(self, token_ids) -> "MedusaHeads":
+        """Score only these token ids from now on (vLLM's ``token_map``; see the module docstring), or the whole
+        vocabulary again with ``None``. Returns self.
+
+        Args:
+            token_ids: a sequence or 1-D integer tensor of V' distinct ids in ``0..vocab_size - 1`` (kept sorted),
+                or ``None``.
+
+        Raises:
+            MedusaCheckpointError: not 1-D integers, empty, repeated ids, or ids outside the vocabulary.
+        """
+        self._mapped = {}
+        if token_ids is None:
+            self.token_map = None
+            self.config.truncated_vocab_size = None
+            return self
+        ids = torch.as_tensor(token_ids)
+        V = self.config.vocab_size
+        if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise MedusaCheckpointError(f"a token map must be a non-empty 1-D list of integer token ids, got "
+                                        f"{ids.dtype} of shape {list(ids.shape)}")
+        ids = ids.to(torch.long).sort().values
+        if int(ids[0]) < 0 or int(ids[-1]) >= V:
+            raise MedusaCheckpointError(f"a token map's ids must lie in 0..{V - 1} (the vocabulary), got "
+                                        f"{int(ids[0])}..{int(ids[-1])}")
+        if bool((ids[1:] == ids[:-1]).any()):
+            raise MedusaCheckpointError("a token map lists each token id once; it repeats some")
+        device = next(self.parameters()).device
+        self.token_map = ids.to(device)
+        self.config.truncated_vocab_size = len(ids)
+        return self
 
     @property
     def num_heads(self) -> int:
@@ -243,6 +292,25 @@ class MedusaHeads(nn.Module):
             return self._lm_head[0].weight
         return self.heads[i][-1].weight
 
+    def mapped_projection(self, i: int, lm_head: torch.Tensor | None = None) -> torch.Tensor:
+        """Head i's projection rows for the token map, ``[V', H]`` (``[V, H]`` without a map): gathered once per
+        projection (the rows of a 151,936 x 1,536 ``lm_head`` for 32,768 ids are 100 MB in bfloat16) and
+        reused while that weight is unchanged.
+
+        Args:
+            lm_head: ``shared-lm-head``: the target's ``lm_head`` weight (default: the bound target's).
+        """
+        W = lm_head if lm_head is not None and self.shares_lm_head else self.projection(i)
+        if self.token_map is None:
+            return W
+        slot = -1 if self.shares_lm_head else i  # one gathered copy per projection: its latest weight's
+        key = (W.data_ptr(), W._version, W.dtype, W.device, tuple(W.shape), self.token_map.data_ptr())
+        entry = self._mapped.get(slot)  # one read and one assignment: calls on other threads may do the same
+        if entry is None or entry[0] != key:
+            entry = (key, W.detach()[self.token_map.to(W.device)])
+            self._mapped[slot] = entry
+        return entry[1]
+
     # ---- forward ------------------------------------------------------------------------------------
     def hidden(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """The heads' inputs to their vocabulary projection.
@@ -266,7 +334,7 @@ class MedusaHeads(nn.Module):
         return torch.stack(outs, dim=-2)
 
     def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None,
-                lm_head: torch.Tensor | None = None) -> torch.Tensor:
+                lm_head: torch.Tensor | None = None, truncated: bool = False) -> torch.Tensor:
         """Logits of the heads.
 
         Args:
@@ -275,15 +343,24 @@ class MedusaHeads(nn.Module):
             lm_head: ``[V, H]``, the target's ``lm_head`` weight for ``shared-lm-head`` heads, given per call
                 (the drafter does, so heads shared by several targets never depend on which was bound last);
                 default: the bound target's.
+            truncated: with a token map, return the logits of the mapped ids only (column j scores
+                ``token_map[j]``); ignored without one.
 
         Returns:
-            ``[..., n, V]``: head i's logits for the token i + 2 positions after each hidden state's.
+            ``[..., n, V]``: head i's logits for the token i + 2 positions after each hidden state's; with a
+            token map, ``-inf`` outside it (as vLLM's Medusa returns them), or ``[..., n, V']`` when ``truncated``.
         """
         x = self.hidden(hidden_states, num_heads)
         if self.shares_lm_head:
-            W = lm_head if lm_head is not None else self.projection(0)
-            return _project(x.to(W.dtype), W)
-        return torch.stack([_project(x[..., i, :], self.projection(i)) for i in range(x.shape[-2])], dim=-2)
+            W = self.mapped_projection(0, lm_head)
+            logits = _project(x.to(W.dtype), W)
+        else:
+            logits = torch.stack([_project(x[..., i, :], self.mapped_projection(i)) for i in range(x.shape[-2])], dim=-2)
+        if self.token_map is None or truncated:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., self.token_map.to(full.device)] = logits
+        return full
 
     def _dtype(self) -> torch.dtype:
         return next(self.heads.parameters()).dtype
@@ -297,7 +374,8 @@ class MedusaHeads(nn.Module):
         Head i's block j is ``blocks.{i}.layers.{j}`` (``.weight`` [H, H], ``.bias`` [H]); the projection is
         ``lm_heads.{i}.weight`` [V, H] per head (``full``) or, for ``shared-lm-head``, one
         ``lm_heads.0.weight``, which vLLM's loader puts into the projection all heads share when the config
-        has ``original_lm_head``.
+        has ``original_lm_head``; with a token map, ``token_map`` (int64 ``[V']``; the projections keep all V
+        rows, vLLM gathers the mapped ones).
 
         Args:
             lm_head: for ``shared-lm-head``, the target's projection (its weight ``[V, H]`` or the module);
@@ -316,6 +394,8 @@ class MedusaHeads(nn.Module):
             if not self.shares_lm_head:
                 state[f"lm_heads.{i}.weight"] = head[L].weight
         state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        if self.token_map is not None:
+            state["token_map"] = self.token_map.detach().cpu().contiguous()
         if self.shares_lm_head:
             state["lm_heads.0.weight"] = self._lm_head_copy(lm_head)
         return state
@@ -395,16 +475,17 @@ class MedusaHeads(nn.Module):
         Raises:
             MedusaCheckpointError: folder, config or weights missing or unreadable; names or shapes that do
                 not form N heads of L blocks; a config vLLM reads differently from what hf-spec computes (a
-                truncated vocabulary with ``token_map``, ``logit_scale`` other than 1, ``hf_spec_variant``
+                ``truncated_vocab_size`` without a matching ``token_map`` or with projections of fewer rows than
+                the vocabulary, ``logit_scale`` other than 1, ``hf_spec_variant``
                 against ``original_lm_head``); sizes that do not match ``target``.
         """
         path = heads_path(directory)  # a folder, or the short name of shipped or cached heads
         raw = _read_config(path)
         weights = _weights_file(path)
         if weights.name == WEIGHTS_VLLM:
-            config, state, stored_lm_head = _read_vllm(path, raw, target)
+            config, state, stored_lm_head, token_map = _read_vllm(path, raw, target)
         else:
-            state, stored_lm_head = _read_weights(path), None
+            state, stored_lm_head, token_map = _read_weights(path), None, None
             config = _fasterdecoding_config(path, raw, state, target)
         heads = cls(config)
         expected = heads.heads.state_dict()
@@ -426,6 +507,11 @@ class MedusaHeads(nn.Module):
                     f"for hidden_size {config.hidden_size}, vocab_size {config.vocab_size}")
         heads.heads.load_state_dict(state)
         heads.to(dtype if dtype is not None else state["0.0.linear.weight"].dtype)
+        if token_map is not None:
+            try:
+                heads.set_token_map(token_map)
+            except MedusaCheckpointError as e:
+                raise MedusaCheckpointError(f"{path}: token_map: {e}") from e
         heads.eval()
         if target is not None:
             heads.bind(target)
@@ -551,10 +637,8 @@ def _read_vllm(path: Path, raw: dict, target) -> tuple[MedusaConfig, dict[str, t
     n = _count(raw, path, ("num_heads", "medusa_num_heads"))
     L = _count(raw, path, ("num_hidden_layers", "medusa_num_layers"), default=1)
     vocab, truncated = raw.get("vocab_size"), raw.get("truncated_vocab_size")
-    if truncated is not None and vocab is not None and truncated != vocab:
-        raise MedusaCheckpointError(
-            f"{cfg}: truncated_vocab_size {truncated} != vocab_size {vocab}: vLLM drafts these heads over a reduced "
-            "vocabulary (token_map); hf-spec's heads predict the whole vocabulary and cannot load them")
+    if truncated is not None and (isinstance(truncated, bool) or not isinstance(truncated, int)):
+        raise MedusaCheckpointError(f"{cfg}: truncated_vocab_size must be an integer, got {truncated!r}")
     if raw.get("logit_scale", 1.0) != 1.0:
         raise MedusaCheckpointError(
             f"{cfg}: logit_scale {raw['logit_scale']}: vLLM multiplies these heads' logits by it and hf-spec does "
@@ -583,7 +667,8 @@ def _read_vllm(path: Path, raw: dict, target) -> tuple[MedusaConfig, dict[str, t
                         f"lm_head.weight); found {found or 'neither'}")
                 lm_name = found[0]
             state = {_fasterdecoding_name(short, L): f.get_tensor(name) for short, name in names.items()
-                     if short not in (lm_name, "token_map")}  # vLLM ignores token_map without truncation
+                     if short not in (lm_name, "token_map")}
+            token_map = f.get_tensor(names["token_map"]) if "token_map" in names else None
     except MedusaCheckpointError:
         raise
     except Exception as e:  # truncated or corrupt file: safetensors errors of many kinds
@@ -605,11 +690,24 @@ def _read_vllm(path: Path, raw: dict, target) -> tuple[MedusaConfig, dict[str, t
     if hidden is None or vocab is None:
         raise MedusaCheckpointError(f"{path}: cannot tell hidden_size / vocab_size; add them to config.json")
     config = MedusaConfig(n, L, hidden, vocab, variant, raw.get("base_model_name_or_path"))
+    if truncated is not None and truncated != vocab:  # as vLLM: the map counts only with a truncated size
+        if token_map is None or tuple(token_map.shape) != (truncated,):
+            raise MedusaCheckpointError(
+                f"{path}: truncated_vocab_size {truncated} (of {vocab}) needs a token_map of {truncated} token ids in "
+                f"{WEIGHTS_VLLM}; found {'none' if token_map is None else list(token_map.shape)}")
+        short = [key for key in state if _FD_PROJECTION.fullmatch(key) and state[key].shape[0] != vocab]
+        if short:
+            raise MedusaCheckpointError(
+                f"{path}: {_vllm_names(short, config)[0]} holds {state[short[0]].shape[0]} rows (only the token map's?); "
+                f"hf-spec needs all {vocab} rows of each projection (vLLM gathers the mapped ones when it loads)")
+        config.truncated_vocab_size = truncated
+    else:
+        token_map = None  # vLLM ignores a token_map without truncation
     if lm_name is not None and shapes[lm_name] != (vocab, hidden):
         raise MedusaCheckpointError(
             f"{path}: {lm_name} has shape {shapes[lm_name]}, expected {(vocab, hidden)} "
             f"for hidden_size {hidden}, vocab_size {vocab}")
-    return config, state, None if lm_name is None else names[lm_name]
+    return config, state, None if lm_name is None else names[lm_name], token_map
 
 
 def _compare_lm_head(path: Path, name: str, target_weight: torch.Tensor) -> None:
