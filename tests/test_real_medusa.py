@@ -2,8 +2,8 @@
 ships (``hf_spec/data/medusa/smollm2-135m``, made by ``hf-spec train-medusa``; see docs/medusa.md).
 
 Greedy output through the Medusa drafter is token-identical to the target's own ``generate`` on Spec-Bench
-prompts, for every k up to the head count, one prompt at a time and in a batch; the trained heads do
-propose tokens the target accepts (else the test would prove little)."""
+prompts, for every k up to the head count, one prompt at a time and in a batch (the batch with a token map); the
+trained heads do propose tokens the target accepts (else the test would prove little)."""
 
 import pytest
 import torch
@@ -55,11 +55,23 @@ def test_greedy_token_identical_on_specbench(smol, smol_heads, specbench_baselin
 
 
 def test_greedy_batch_token_identical(smol, smol_heads, specbench_prompts):
+    """A batch, with the heads drafting over a token map (the 32,768 lowest ids, byte-level BPE's most frequent,
+    as ``train-medusa`` saves heads by default; the single-prompt test above drafts over the whole vocabulary):
+    every row is the target's own output, and every drafted token is a mapped id."""
+    import copy
+
     model, tok = smol
+    heads = copy.deepcopy(smol_heads)
+    heads._lm_head = list(smol_heads._lm_head)
+    heads.set_token_map(torch.arange(32768))
     texts = [q.text for q in specbench_prompts[:6]]
     inputs = chat_inputs(tok, texts)
+    events = []
     out = model.generate(**inputs, max_new_tokens=32, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
-                         drafter=MedusaDrafter(smol_heads, smol_heads.num_heads))
+                         drafter=MedusaDrafter(heads, heads.num_heads), event_listeners=[events.append])
+    drafted = [t for e in events for row in e.drafted for t in row]
+    assert drafted and max(drafted) < 32768
+    assert out.stats.acceptance_by_position[0] > 0.05
     width = inputs["input_ids"].shape[1]
     for b, text in enumerate(texts):
         one = chat_inputs(tok, text)
