@@ -557,7 +557,8 @@ def test_token_map_rows_follow_the_targets_lm_head():
     heads = _mapped(random_heads(n=2, seed=4).bind(target), [2, 3, 5, 8, 13])
     hidden = torch.randn(3, H)
     first = heads(hidden)
-    assert heads.mapped_projection(0).data_ptr() == heads.mapped_projection(0).data_ptr()  # one gather
+    with torch.no_grad():  # with autograd recording and a weight that requires grad, a differentiable gather instead
+        assert heads.mapped_projection(0).data_ptr() == heads.mapped_projection(0).data_ptr()  # one gather
     with torch.no_grad():
         target.lm_head.weight.mul_(2.0)
     again = heads(hidden)
@@ -650,3 +651,161 @@ def test_token_map_size_does_not_change_the_training_run():
     assert medusa_train._settings_hash(medusa_train.TrainSettings(heads=2, epochs=4), heads) != key
     with pytest.raises(ValueError, match="truncated-vocab-size"):
         medusa_train.TrainSettings(truncated_vocab_size=-1).check()
+
+
+# ---- a token map: review fixes ----------------------------------------------------------------------
+@pytest.mark.parametrize("size", [1, 2])
+def test_token_map_smaller_than_a_trees_ranks(size):
+    """A map of fewer ids than the ranks a tree may use (RANKS, 8): the tree takes only the ranks the heads have
+    (it indexed past them: IndexError), and the output is the target's; the hybrid drafter's trees as well."""
+    target = tiny_llama(seed=1)
+    heads = _mapped(random_heads(n=3, seed=1).bind(target), [0, 3, 5, 7, 9][:size])
+    kw = dict(input_ids=torch.tensor([[0, 5, 7, 9, 3, 5, 7, 9]]), max_new_tokens=12, do_sample=False)
+    ref = target.generate(**kw)
+    for drafter in (MedusaDrafter(heads, 3), hf_spec.HybridDrafter(MedusaDrafter(heads, 3))):
+        events = []
+        out = target.generate(**kw, num_tree_nodes=8, custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                              drafter=drafter, event_listeners=[events.append])
+        assert torch.equal(out.sequences, ref)
+        if isinstance(drafter, MedusaDrafter):  # (the hybrid's suffix rows propose the text's own tokens)
+            drafted = {t for e in events for row in e.drafted for t in row}
+            assert drafted and drafted <= {0, 3, 5, 7, 9}
+    with pytest.raises(ValueError, match=f"score {size} token ids"):
+        session = MedusaDrafter(heads, 3)
+        session._last, session._last_logits = torch.zeros(1, H), None
+        session.tree_of_paths([(size,)], 1)
+
+
+def test_heads_keep_their_own_config():
+    """set_token_map writes truncated_vocab_size into the heads' config: heads built from the same MedusaConfig do
+    not see it (they saved a truncated size without a token map, a folder neither hf-spec nor vLLM loads), and a
+    config that has one is refused with what to do."""
+    config = MedusaConfig(2, 1, H, V, "full")
+    a, b = MedusaHeads(config), MedusaHeads(config)
+    a.set_token_map([1, 2, 3])
+    assert config.truncated_vocab_size is None and b.config.truncated_vocab_size is None
+    assert a.config.truncated_vocab_size == 3
+    with pytest.raises(MedusaCheckpointError, match="set_token_map"):
+        MedusaHeads(a.config)
+
+
+def test_heads_from_one_config_save_folders_that_load(tmp_path):
+    config = MedusaConfig(2, 1, H, V, "full")
+    a, b = MedusaHeads(config), MedusaHeads(config)
+    a.set_token_map([1, 2, 3])
+    b.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["truncated_vocab_size"] == V
+    assert MedusaHeads.from_pretrained(tmp_path).token_map is None
+
+
+def test_token_map_rows_are_gathered_again_for_a_new_weight_at_a_freed_ones_address():
+    """A weight replaced by a new one at the same address (an allocator reusing freed memory; here two tensors over
+    one numpy buffer) with the same version is a new weight: its rows are gathered again, not the freed one's."""
+    import numpy as np
+
+    target = tiny_llama(seed=2)
+    ids = [2, 3, 5, 8, 13]
+    heads = _mapped(random_heads(n=2, seed=4).bind(target), ids)
+    buf = target.lm_head.weight.detach().numpy().copy()
+    target.lm_head.weight = torch.nn.Parameter(torch.from_numpy(buf), requires_grad=False)
+    hidden = torch.randn(3, H)
+    with torch.no_grad():
+        first = heads(hidden, truncated=True)
+        buf *= 2.0  # the old weight is dropped next; its memory now holds the new weight's values
+        target.lm_head.weight = torch.nn.Parameter(torch.from_numpy(buf), requires_grad=False)
+        assert target.lm_head.weight.data_ptr() == buf.ctypes.data and target.lm_head.weight._version == 0
+        again = heads(hidden, truncated=True)
+    torch.testing.assert_close(again, 2 * first)
+
+
+def test_token_map_rows_kept_per_lm_head_for_targets_sharing_the_heads():
+    """Heads shared by two targets (threads, each call passing its own lm_head): each weight's rows are gathered
+    once, not again at every alternation (a ~100 MB gather per step for Qwen2.5)."""
+    heads = _mapped(random_heads(n=2, seed=4), [2, 3, 5, 8, 13])
+    W1, W2 = tiny_llama(seed=2).lm_head.weight, tiny_llama(seed=3).lm_head.weight
+    with torch.no_grad():
+        rows1, rows2 = heads.mapped_projection(0, W1), heads.mapped_projection(0, W2)
+        for _ in range(3):
+            assert heads.mapped_projection(0, W1) is rows1 and heads.mapped_projection(0, W2) is rows2
+    torch.testing.assert_close(rows1, W1[[2, 3, 5, 8, 13]])
+
+
+def test_token_map_forward_gives_the_projection_its_gradient():
+    """Fine-tuning mapped `full` heads through forward: the projection's mapped rows get their gradient (the cached
+    rows were detached: no gradient, silently)."""
+    heads = _mapped(random_heads(n=2, variant="full", seed=4), [2, 3, 5, 8, 13])
+    heads.train()
+    heads(torch.randn(3, H), truncated=True).square().sum().backward()
+    grad = heads.heads[0][-1].weight.grad
+    assert grad is not None and bool(grad[[2, 3, 5, 8, 13]].abs().sum() > 0) and not bool(grad[[0, 1, 4]].any())
+
+
+def test_token_map_with_weights_made_in_inference_mode():
+    """A target (or heads) made under torch.inference_mode(): its weights have no version counter, which the
+    mapped rows' cache read (RuntimeError at the first draft); greedy output is the target's."""
+    with torch.inference_mode():
+        target = tiny_llama(seed=1)
+        heads = _mapped(random_heads(n=3, variant="full", seed=1).bind(target), [0, 3, 5, 7, 9, 11, 13])
+    kw = dict(input_ids=torch.tensor([[0, 5, 7, 9, 3, 5, 7, 9]]), max_new_tokens=12, do_sample=False)
+    ref = target.generate(**kw)
+    for variant_heads in (heads, _mapped(random_heads(n=3, seed=1).bind(target), [0, 3, 5, 7, 9, 11, 13])):
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                out = target.generate(**kw, custom_generate=hf_spec.generate, drafter=MedusaDrafter(variant_heads, 3))
+            assert torch.equal(out, ref)
+
+
+def test_train_report_measures_agreement_before_and_after_over_the_map(tmp_path, monkeypatch):
+    """With --truncated-vocab-size the report's agreement before training is over the token map, as after (it was
+    over the whole vocabulary), and training itself scores the whole vocabulary."""
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target)
+    parts = [(feats.hidden[feats.text_index == t], feats.top_ids[feats.text_index == t],
+              feats.top_logp[feats.text_index == t]) for t in range(int(feats.text_index.max()) + 1)]
+    monkeypatch.setattr(medusa_train, "collect_features", lambda *a, **k: (parts, 0))
+    seen = []
+    real_evaluate, real_train = medusa_train.evaluate_heads, medusa_train.train_heads
+    monkeypatch.setattr(medusa_train, "evaluate_heads",
+                        lambda heads, *a, **k: seen.append(("evaluate", heads.token_map)) or real_evaluate(heads, *a, **k))
+    monkeypatch.setattr(medusa_train, "train_heads",
+                        lambda heads, *a, **k: seen.append(("train", heads.token_map)) or real_train(heads, *a, **k))
+    settings = medusa_train.TrainSettings(heads=2, epochs=1, batch_size=32, negatives=8, truncated_vocab_size=6)
+    report = medusa_train.train_medusa(target, None, "tiny", tmp_path, settings, target_name="tiny", progress=False,
+                                       loaded=("text", ["x"] * 12))
+    assert [what for what, _ in seen] == ["evaluate", "train", "evaluate"]
+    assert seen[1][1] is None
+    assert seen[0][1] is not None and torch.equal(seen[0][1], seen[2][1]) and len(seen[0][1]) == 6
+    assert report["token_map"]["size"] == 6
+
+
+def test_default_k_of_a_saved_folder_is_its_head_count(tmp_path):
+    """hf-spec bench without -k asks a medusa:DIR spec for its k: a folder hf-spec saved (vLLM's layout: num_heads) gave
+    "medusa_num_heads must be an integer >= 1, got None"; FasterDecoding's layout still answers."""
+    random_heads(n=3, variant="full").save_pretrained(tmp_path / "vllm")
+    assert MedusaDrafter.spec_num_speculative_tokens(str(tmp_path / "vllm")) == 3
+    assert MedusaDrafter.spec_num_speculative_tokens("smollm2-135m") == 4  # shipped, FasterDecoding's layout
+    from hf_spec.bench.runner import parse_methods
+
+    assert parse_methods(f"medusa:{tmp_path / 'vllm'}", [None])[1].k == 3
+
+
+def test_copies_of_mapped_heads_start_with_their_own_rows():
+    """A deep copy (or pickle) of heads that have gathered their map's rows starts with none: their cache holds weak
+    references to storages, which a copy must not release a second time; the copy projects as the original."""
+    import copy
+    import gc
+    import pickle
+
+    target = tiny_llama(seed=2)
+    heads = _mapped(random_heads(n=2, seed=4).bind(target), [2, 3, 5, 8, 13])
+    hidden = torch.randn(3, H)
+    with torch.no_grad():
+        first = heads(hidden)
+        twin = copy.deepcopy(heads)
+        assert not twin._mapped.entries and heads._mapped.entries
+        assert not pickle.loads(pickle.dumps(heads._mapped)).entries
+        torch.testing.assert_close(twin(hidden), first)
+        del twin
+        gc.collect()
+        torch.testing.assert_close(heads(hidden), first)

@@ -341,3 +341,25 @@ def test_token_map_without_truncation_is_ignored_as_vllm_ignores_it(tmp_path):
     save_file(weights, str(tmp_path / "model.safetensors"))
     assert vllm_load_weights(vllm_config(raw), weights)[1:] == ([], [])
     assert MedusaHeads.from_pretrained(tmp_path).token_map is None
+
+
+@pytest.mark.parametrize("truncated", [0, -3, V + 12])
+def test_truncated_vocab_size_outside_the_vocabulary_is_refused_as_such(tmp_path, truncated):
+    """A truncated_vocab_size that no token map can have (vLLM builds projections of that many rows): the message says
+    so, rather than asking for a token_map of 0, -3 or more ids than the vocabulary holds."""
+    random_heads(n=2, variant="full").save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(raw | {"truncated_vocab_size": truncated}))
+    with pytest.raises(MedusaCheckpointError, match=rf"truncated_vocab_size {truncated} must lie in 1\.\.vocab_size \({V}\)"):
+        MedusaHeads.from_pretrained(tmp_path)
+
+
+def test_shared_projection_cut_to_the_map_is_refused_with_the_reason(tmp_path):
+    """The shared-lm-head copy cut to the map's rows gets the same reason as a full head's projection (it got only
+    "has shape (6, 32), expected (48, 32)")."""
+    heads = random_heads(n=2).bind(tiny_llama(vocab_size=V)).set_token_map([1, 5, 6, 20, 33, 47])
+    _, weights = saved(tmp_path, heads)
+    weights["lm_heads.0.weight"] = weights["lm_heads.0.weight"][weights["token_map"]]
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    with pytest.raises(MedusaCheckpointError, match=r"lm_heads\.0\.weight holds 6 rows .*hf-spec needs all 48 rows"):
+        MedusaHeads.from_pretrained(tmp_path)

@@ -152,12 +152,14 @@ class MedusaDrafter(Drafter):
 
     @classmethod
     def spec_num_speculative_tokens(cls, argument) -> int:
-        """``medusa:DIR``: the checkpoint's head count (from its config; nothing is loaded)."""
-        from ..medusa.heads import _read_config, heads_path
+        """``medusa:DIR``: the checkpoint's head count (from its config, ``num_heads`` in vLLM's layout or
+        ``medusa_num_heads`` in FasterDecoding's; nothing is loaded)."""
+        from ..medusa.heads import _count, _read_config, heads_path
 
-        heads = _read_config(heads_path(argument)).get("medusa_num_heads")
+        path = heads_path(argument)
+        heads = _count(_read_config(path), path, ("num_heads", "medusa_num_heads"))
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"{heads_path(argument)}/config.json: medusa_num_heads must be an integer >= 1, got {heads!r}")
+            raise ValueError(f"{path}/config.json: num_heads (medusa_num_heads) must be an integer >= 1, got {heads!r}")
         return heads
 
     @classmethod
@@ -271,15 +273,33 @@ class MedusaDrafter(Drafter):
             raise RuntimeError("MedusaDrafter.draft_tree() before the target's first forward: the loop calls start() "
                                "and update() first")
         self._count(sequences)
-        paths = sparse_tree(self.accuracy(k), num_nodes)
+        ranks = self._ranks()  # a token map of fewer ids than RANKS has fewer ranks per head
+        paths = sparse_tree([row[:ranks] for row in self.accuracy(k)], num_nodes)
         out = self.tree_of_paths(paths, k)
         self._lengths = [len(s) for s in sequences]
         return out
 
+    def _ranks(self) -> int:
+        """The ranks a head offers a tree: :data:`RANKS`, or fewer where the heads score fewer ids (a token map)."""
+        return min(RANKS, self._scored())
+
+    def _scored(self) -> int:
+        """How many token ids the heads score: their token map's, else the vocabulary's."""
+        token_map = self.heads.token_map
+        return self.heads.config.vocab_size if token_map is None else len(token_map)
+
     @torch.no_grad()
     def tree_of_paths(self, paths: list[tuple[int, ...]], k: int):
         """The rank ``paths`` (tuples, each with its parent among them, by depth) as a draft tree from the heads'
-        logits at each row's newest token: ``(tokens [B, N], num_drafted [B], None, parents [B, N])``."""
+        logits at each row's newest token: ``(tokens [B, N], num_drafted [B], None, parents [B, N])``.
+
+        Raises:
+            ValueError: a rank the heads do not have (at most :meth:`_ranks` per head: fewer with a small token map).
+        """
+        ranks = self._ranks()
+        if any(r >= ranks for p in paths for r in p):
+            raise ValueError(f"the Medusa heads score {self._scored()} token ids, so a tree path's ranks must be below {ranks}; "
+                             f"got rank {max(max(p) for p in paths)}")
         mapped = self._last_logits is None and self.heads.token_map is not None
         logits = self._logits(k, truncated=True)
         index = {p: j for j, p in enumerate(paths)}

@@ -63,11 +63,12 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..kernels import mm_is_faster
 
@@ -84,6 +85,9 @@ WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
 WEIGHTS_PT = "medusa_lm_head.pt"
 #: a prefix vLLM's ``Medusa.load_weights`` strips from every name
 VLLM_PREFIX = "medusa_heads."
+#: projection weights per head (or for the shared projection) whose token-map rows :meth:`MedusaHeads.mapped_projection`
+#: keeps at once
+MAPPED_PER_PROJECTION = 4
 #: heads shipped inside the package (small ones: SmolLM2-135M)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "medusa"
 
@@ -131,7 +135,8 @@ class MedusaConfig:
         variant: ``"full"`` (own projection per head) or ``"shared-lm-head"`` (the target's ``lm_head``).
         base_model_name_or_path: the target the heads were trained for (informational).
         truncated_vocab_size: V', the number of token ids the heads score (their ``token_map``), or ``None``:
-            the whole vocabulary. Set through :meth:`MedusaHeads.set_token_map`.
+            the whole vocabulary. Set through :meth:`MedusaHeads.set_token_map` (on the heads' own copy of the
+            config); :class:`MedusaHeads` refuses a config that has it, since the map is not part of a config.
     """
 
     medusa_num_heads: int
@@ -197,11 +202,31 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
+class _MappedRows:
+    """:meth:`MedusaHeads.mapped_projection`'s cache: ``entries`` maps (head (-1: the shared projection), the weight's
+    storage and layout) to (its version, a weak reference to its storage, its map rows), and is replaced as a whole
+    (copy on write), so calls on other threads read a stable dict. Copies and pickles of the heads start empty: a
+    copied weak reference would be released twice."""
+
+    def __init__(self):
+        self.entries: dict[tuple, tuple] = {}
+
+    def __deepcopy__(self, memo) -> "_MappedRows":
+        return _MappedRows()
+
+    def __reduce__(self):
+        return (_MappedRows, ())
+
+
 class MedusaHeads(nn.Module):
     """N Medusa heads on a target's last hidden state.
 
     Args:
-        config: sizes and variant (:class:`MedusaConfig`).
+        config: sizes and variant (:class:`MedusaConfig`), copied; without ``truncated_vocab_size`` (a token map is
+            set with :meth:`set_token_map`).
+
+    Raises:
+        MedusaCheckpointError: a config with ``truncated_vocab_size``.
 
     ``self.heads`` is an ``nn.ModuleList`` whose state dict has exactly FasterDecoding's keys
     (:meth:`vllm_state_dict` gives vLLM's names). The ``shared-lm-head`` variant needs the target's
@@ -211,7 +236,13 @@ class MedusaHeads(nn.Module):
 
     def __init__(self, config: MedusaConfig):
         super().__init__()
-        self.config = config
+        if config.truncated_vocab_size is not None:
+            raise MedusaCheckpointError(
+                f"MedusaConfig.truncated_vocab_size {config.truncated_vocab_size} comes with a token map, which a config "
+                "does not hold: build the heads from a config without it and call heads.set_token_map(ids)")
+        # the heads' own copy: set_token_map writes truncated_vocab_size into it, which must not reach other heads
+        # built from the same config (they would save a truncated size without a token map)
+        self.config = config = replace(config)
         H, V, L = config.hidden_size, config.vocab_size, config.medusa_num_layers
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(H) for _ in range(L)], *([nn.Linear(H, V, bias=False)] if config.variant == "full" else []))
@@ -219,7 +250,7 @@ class MedusaHeads(nn.Module):
         )
         self._lm_head: list[nn.Module] = []  # a list, so that the target's lm_head is not registered here
         self.register_buffer("token_map", None, persistent=False)  # LongTensor[V'] or None: see set_token_map
-        self._mapped: dict[int, tuple] = {}  # head (-1: the shared projection) -> (its weight's identity, its map rows)
+        self._mapped = _MappedRows()  # the token map's rows of each projection weight: see mapped_projection
 
     def set_token_map(self, token_ids) -> "MedusaHeads":
         """Score only these token ids from now on (vLLM's ``token_map``; see the module docstring), or the whole
@@ -232,7 +263,7 @@ class MedusaHeads(nn.Module):
         Raises:
             MedusaCheckpointError: not 1-D integers, empty, repeated ids, or ids outside the vocabulary.
         """
-        self._mapped = {}
+        self._mapped = _MappedRows()
         if token_ids is None:
             self.token_map = None
             self.config.truncated_vocab_size = None
@@ -294,22 +325,41 @@ class MedusaHeads(nn.Module):
 
     def mapped_projection(self, i: int, lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """Head i's projection rows for the token map, ``[V', H]`` (``[V, H]`` without a map): gathered once per
-        projection (the rows of a 151,936 x 1,536 ``lm_head`` for 32,768 ids are 100 MB in bfloat16) and
-        reused while that weight is unchanged.
+        projection weight (the rows of a 151,936 x 1,536 ``lm_head`` for 32,768 ids are 100 MB in bfloat16) and
+        reused while that weight is unchanged: the same storage (held by a weak reference, so a new weight that
+        reuses a freed one's memory is not mistaken for it), layout and version (in-place changes; not writes
+        through ``.data``, which torch does not count, nor to inference tensors, which have no version counter). Up to :data:`MAPPED_PER_PROJECTION` weights per projection
+        are kept (several targets sharing the heads, each call passing its own ``lm_head``). With autograd
+        recording and a weight that requires grad, a differentiable gather (not cached).
 
         Args:
             lm_head: ``shared-lm-head``: the target's ``lm_head`` weight (default: the bound target's).
         """
         W = lm_head if lm_head is not None and self.shares_lm_head else self.projection(i)
-        if self.token_map is None:
+        token_map = self.token_map
+        if token_map is None:
             return W
-        slot = -1 if self.shares_lm_head else i  # one gathered copy per projection: its latest weight's
-        key = (W.data_ptr(), W._version, W.dtype, W.device, tuple(W.shape), self.token_map.data_ptr())
-        entry = self._mapped.get(slot)  # one read and one assignment: calls on other threads may do the same
-        if entry is None or entry[0] != key:
-            entry = (key, W.detach()[self.token_map.to(W.device)])
-            self._mapped[slot] = entry
-        return entry[1]
+        if torch.is_grad_enabled() and W.requires_grad:  # training through forward: the projection gets its gradient
+            return W[token_map.to(W.device)]
+        try:
+            ref = StorageWeakRef(W.untyped_storage())
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without storage: gathered every time
+            return W.detach()[token_map.to(W.device)]
+        slot = -1 if self.shares_lm_head else i
+        key = (slot, ref.cdata, W.storage_offset(), W.dtype, W.device, tuple(W.shape), tuple(W.stride()),
+               token_map.data_ptr())
+        version = None if W.is_inference() else W._version  # inference tensors have no version counter
+        mapped = self._mapped
+        cache = mapped.entries
+        entry = cache.get(key)
+        # ref == entry[1]: the entry's weak reference keeps the old storage's record, so no new storage has its address
+        if entry is None or entry[0] != version or entry[1] != ref or entry[1].expired():
+            entry = (version, ref, W.detach()[token_map.to(W.device)])
+            kept = [(k, e) for k, e in cache.items() if k != key and not e[1].expired()]
+            same = [k for k, _ in kept if k[0] == slot]
+            drop = set(same[: max(0, len(same) - (MAPPED_PER_PROJECTION - 1))])  # the oldest first
+            mapped.entries = {**{k: e for k, e in kept if k not in drop}, key: entry}
+        return entry[2]
 
     # ---- forward ------------------------------------------------------------------------------------
     def hidden(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
@@ -690,17 +740,23 @@ def _read_vllm(path: Path, raw: dict, target) -> tuple[MedusaConfig, dict[str, t
     if hidden is None or vocab is None:
         raise MedusaCheckpointError(f"{path}: cannot tell hidden_size / vocab_size; add them to config.json")
     config = MedusaConfig(n, L, hidden, vocab, variant, raw.get("base_model_name_or_path"))
+    if truncated is not None and not 1 <= truncated <= vocab:  # vLLM builds projections of this many rows
+        raise MedusaCheckpointError(
+            f"{cfg}: truncated_vocab_size {truncated} must lie in 1..vocab_size ({vocab}): the number of token ids in "
+            f"the token_map, or vocab_size for none")
     if truncated is not None and truncated != vocab:  # as vLLM: the map counts only with a truncated size
         if token_map is None or tuple(token_map.shape) != (truncated,):
             raise MedusaCheckpointError(
                 f"{path}: truncated_vocab_size {truncated} (of {vocab}) needs a token_map of {truncated} token ids in "
                 f"{WEIGHTS_VLLM}; found {'none' if token_map is None else list(token_map.shape)}")
-        short = [key for key in state if _FD_PROJECTION.fullmatch(key) and state[key].shape[0] != vocab]
+        short = [(_vllm_names([key], config)[0], state[key].shape[0]) for key in state
+                 if _FD_PROJECTION.fullmatch(key) and state[key].shape[0] != vocab]
+        if lm_name is not None and shapes[lm_name][0] != vocab:  # the shared projection's copy, likewise
+            short.insert(0, (lm_name, shapes[lm_name][0]))
         if short:
             raise MedusaCheckpointError(
-                f"{path}: {_vllm_names(short, config)[0]} holds {state[short[0]].shape[0]} rows (only the token map's?); "
+                f"{path}: {short[0][0]} holds {short[0][1]} rows (only the token map's?); "
                 f"hf-spec needs all {vocab} rows of each projection (vLLM gathers the mapped ones when it loads)")
-        config.truncated_vocab_size = truncated
     else:
         token_map = None  # vLLM ignores a token_map without truncation
     if lm_name is not None and shapes[lm_name] != (vocab, hidden):

@@ -607,11 +607,14 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     heads.float().bind(target)
     for p in target.parameters():
         p.requires_grad_(False)
-    before = evaluate_heads(heads, feats, eval_texts)
+    ids = (frequent_tokens(feats, train_texts, settings.truncated_vocab_size, _eos_ids(target))
+           if 0 < settings.truncated_vocab_size < V else None)
+    before = evaluate_heads(heads.set_token_map(ids), feats, eval_texts)  # over the map too: the same measure as after
+    heads.set_token_map(None)  # training scores the whole vocabulary
     log = train_heads(heads, feats, train_texts, settings, out / "checkpoint.pt", progress)
     token_map = None
-    if 0 < settings.truncated_vocab_size < V:
-        heads.set_token_map(frequent_tokens(feats, train_texts, settings.truncated_vocab_size, _eos_ids(target)))
+    if ids is not None:
+        heads.set_token_map(ids)
         held_out = torch.tensor([int(t) in eval_texts for t in feats.text_index.tolist()], dtype=torch.bool)
         inside = torch.isin(feats.top_ids[held_out, 0], heads.token_map)
         token_map = {"size": len(heads.token_map), "held_out_coverage": float(inside.float().mean()) if len(inside) else None}
