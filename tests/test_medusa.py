@@ -809,3 +809,19 @@ def test_copies_of_mapped_heads_start_with_their_own_rows():
         del twin
         gc.collect()
         torch.testing.assert_close(heads(hidden), first)
+
+
+def test_agreement_over_a_map_of_fewer_than_five_ids_counts_only_its_ids(monkeypatch):
+    """With a map of 2 ids the heads can only guess those two: top-5 agreement is the share of labels inside the map
+    (the -inf entries topk returns past the map's ids are no guesses)."""
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target, n_texts=4)
+    texts = {0, 1, 2, 3}
+    labels = [int(feats.top_ids[p + 1, 0]) for p in range(feats.top_ids.shape[0]) if feats.remaining[p] >= 1]
+    common = sorted(set(labels), key=labels.count)[-2:]
+    heads = fresh_heads(target, n=1).set_token_map(common)
+    with torch.no_grad():
+        report = medusa_train.evaluate_heads(heads, feats, texts)[0]
+    assert report["top5"] == pytest.approx(sum(t in common for t in labels) / len(labels))
+    assert report["top1"] <= report["top5"] < 1

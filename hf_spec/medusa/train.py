@@ -431,7 +431,8 @@ def evaluate_heads(heads: MedusaHeads, feats: Features, texts: set[int], chunk: 
     for start in range(0, len(pos_all), chunk):
         pos = pos_all[start:start + chunk]
         logits = heads(feats.hidden[pos]).float()  # [b, N, V]
-        top5 = logits.topk(5, dim=-1).indices
+        values, top5 = logits.topk(min(5, logits.shape[-1]), dim=-1)
+        top5 = top5.masked_fill(values == float("-inf"), -1)  # a token map of under 5 ids: no guess past its ids
         for i in range(N):
             ok = feats.remaining[pos] >= i + 1
             if not bool(ok.any()):
