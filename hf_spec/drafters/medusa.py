@@ -238,13 +238,7 @@ class MedusaDrafter(Drafter):
         processors rule out every mapped id, the draft takes a token they allow instead of one they forbid)."""
         if self._last_logits is not None:
             return self._last_logits[:, :k].float()
-        logits = self.heads(self._last, num_heads=k, lm_head=self._lm_head, truncated=True).float()
-        token_map = self.heads.token_map
-        if token_map is None or truncated:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.heads.config.vocab_size), OUTSIDE_MAP)
-        full[..., token_map.to(full.device)] = logits
-        return full
+        return self.heads(self._last, num_heads=k, lm_head=self._lm_head, truncated=truncated, outside=OUTSIDE_MAP).float()
 
     @torch.no_grad()
     def draft(self, sequences, k):
@@ -281,12 +275,7 @@ class MedusaDrafter(Drafter):
 
     def _ranks(self) -> int:
         """The ranks a head offers a tree: :data:`RANKS`, or fewer where the heads score fewer ids (a token map)."""
-        return min(RANKS, self._scored())
-
-    def _scored(self) -> int:
-        """How many token ids the heads score: their token map's, else the vocabulary's."""
-        token_map = self.heads.token_map
-        return self.heads.config.vocab_size if token_map is None else len(token_map)
+        return min(RANKS, self.heads.config.truncated_vocab_size or self.heads.config.vocab_size)
 
     @torch.no_grad()
     def tree_of_paths(self, paths: list[tuple[int, ...]], k: int):
@@ -298,7 +287,8 @@ class MedusaDrafter(Drafter):
         """
         ranks = self._ranks()
         if any(r >= ranks for p in paths for r in p):
-            raise ValueError(f"the Medusa heads score {self._scored()} token ids, so a tree path's ranks must be below {ranks}; "
+            scored = self.heads.config.truncated_vocab_size or self.heads.config.vocab_size
+            raise ValueError(f"the Medusa heads score {scored} token ids, so a tree path's ranks must be below {ranks}; "
                              f"got rank {max(max(p) for p in paths)}")
         mapped = self._last_logits is None and self.heads.token_map is not None
         logits = self._logits(k, truncated=True)

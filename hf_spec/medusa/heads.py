@@ -68,7 +68,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels import mm_is_faster
 
@@ -85,9 +85,6 @@ WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
 WEIGHTS_PT = "medusa_lm_head.pt"
 #: a prefix vLLM's ``Medusa.load_weights`` strips from every name
 VLLM_PREFIX = "medusa_heads."
-#: projection weights per head (or for the shared projection) whose token-map rows :meth:`MedusaHeads.mapped_projection`
-#: keeps at once
-MAPPED_PER_PROJECTION = 4
 #: heads shipped inside the package (small ones: SmolLM2-135M)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "medusa"
 
@@ -203,13 +200,12 @@ class ResBlock(nn.Module):
 
 
 class _MappedRows:
-    """:meth:`MedusaHeads.mapped_projection`'s cache: ``entries`` maps (head (-1: the shared projection), the weight's
-    storage and layout) to (its version, a weak reference to its storage, its map rows), and is replaced as a whole
-    (copy on write), so calls on other threads read a stable dict. Copies and pickles of the heads start empty: a
-    copied weak reference would be released twice."""
+    """:meth:`MedusaHeads.mapped_projection`'s cache: ``entries`` maps a projection weight, held weakly by identity
+    (torch's ``WeakIdKeyDictionary``: an entry goes with its weight, and a new weight is a new key even at a freed
+    one's address), to (its version and address, its map rows). Copies and pickles of the heads start empty."""
 
     def __init__(self):
-        self.entries: dict[tuple, tuple] = {}
+        self.entries = WeakIdKeyDictionary()
 
     def __deepcopy__(self, memo) -> "_MappedRows":
         return _MappedRows()
@@ -326,11 +322,11 @@ class MedusaHeads(nn.Module):
     def mapped_projection(self, i: int, lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """Head i's projection rows for the token map, ``[V', H]`` (``[V, H]`` without a map): gathered once per
         projection weight (the rows of a 151,936 x 1,536 ``lm_head`` for 32,768 ids are 100 MB in bfloat16) and
-        reused while that weight is unchanged: the same storage (held by a weak reference, so a new weight that
-        reuses a freed one's memory is not mistaken for it), layout and version (in-place changes; not writes
-        through ``.data``, which torch does not count, nor to inference tensors, which have no version counter). Up to :data:`MAPPED_PER_PROJECTION` weights per projection
-        are kept (several targets sharing the heads, each call passing its own ``lm_head``). With autograd
-        recording and a weight that requires grad, a differentiable gather (not cached).
+        reused while that weight lives unchanged (the same tensor, version and address: in-place changes and
+        ``.data`` replaced are seen, not writes through ``.data`` or to inference tensors, which torch does not
+        count). One copy per live weight: targets sharing the heads, each call passing its own ``lm_head``, do not
+        gather again at every turn. With autograd recording and a weight that requires grad, a differentiable
+        gather (not cached).
 
         Args:
             lm_head: ``shared-lm-head``: the target's ``lm_head`` weight (default: the bound target's).
@@ -342,24 +338,14 @@ class MedusaHeads(nn.Module):
         if torch.is_grad_enabled() and W.requires_grad:  # training through forward: the projection gets its gradient
             return W[token_map.to(W.device)]
         try:
-            ref = StorageWeakRef(W.untyped_storage())
-        except (RuntimeError, NotImplementedError):  # a tensor subclass without storage: gathered every time
+            stamp = (None if W.is_inference() else W._version, W.data_ptr())  # inference tensors have no version
+        except RuntimeError:  # a tensor subclass without storage: gathered every time
             return W.detach()[token_map.to(W.device)]
-        slot = -1 if self.shares_lm_head else i
-        key = (slot, ref.cdata, W.storage_offset(), W.dtype, W.device, tuple(W.shape), tuple(W.stride()),
-               token_map.data_ptr())
-        version = None if W.is_inference() else W._version  # inference tensors have no version counter
-        mapped = self._mapped
-        cache = mapped.entries
-        entry = cache.get(key)
-        # ref == entry[1]: the entry's weak reference keeps the old storage's record, so no new storage has its address
-        if entry is None or entry[0] != version or entry[1] != ref or entry[1].expired():
-            entry = (version, ref, W.detach()[token_map.to(W.device)])
-            kept = [(k, e) for k, e in cache.items() if k != key and not e[1].expired()]
-            same = [k for k, _ in kept if k[0] == slot]
-            drop = set(same[: max(0, len(same) - (MAPPED_PER_PROJECTION - 1))])  # the oldest first
-            mapped.entries = {**{k: e for k, e in kept if k not in drop}, key: entry}
-        return entry[2]
+        entry = self._mapped.entries.get(W)
+        if entry is None or entry[0] != stamp:
+            entry = (stamp, W.detach()[token_map.to(W.device)])
+            self._mapped.entries[W] = entry
+        return entry[1]
 
     # ---- forward ------------------------------------------------------------------------------------
     def hidden(self, hidden_states: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
@@ -384,7 +370,8 @@ class MedusaHeads(nn.Module):
         return torch.stack(outs, dim=-2)
 
     def forward(self, hidden_states: torch.Tensor, num_heads: int | None = None,
-                lm_head: torch.Tensor | None = None, truncated: bool = False) -> torch.Tensor:
+                lm_head: torch.Tensor | None = None, truncated: bool = False,
+                outside: float = float("-inf")) -> torch.Tensor:
         """Logits of the heads.
 
         Args:
@@ -395,10 +382,12 @@ class MedusaHeads(nn.Module):
                 default: the bound target's.
             truncated: with a token map, return the logits of the mapped ids only (column j scores
                 ``token_map[j]``); ignored without one.
+            outside: with a token map and not ``truncated``, the logit of every id outside it (default ``-inf``,
+                as vLLM's Medusa returns them).
 
         Returns:
-            ``[..., n, V]``: head i's logits for the token i + 2 positions after each hidden state's; with a
-            token map, ``-inf`` outside it (as vLLM's Medusa returns them), or ``[..., n, V']`` when ``truncated``.
+            ``[..., n, V]``: head i's logits for the token i + 2 positions after each hidden state's (``outside``
+            where a token map leaves ids out), or ``[..., n, V']`` when ``truncated``.
         """
         x = self.hidden(hidden_states, num_heads)
         if self.shares_lm_head:
@@ -408,7 +397,7 @@ class MedusaHeads(nn.Module):
             logits = torch.stack([_project(x[..., i, :], self.mapped_projection(i)) for i in range(x.shape[-2])], dim=-2)
         if self.token_map is None or truncated:
             return logits
-        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), outside)
         full[..., self.token_map.to(full.device)] = logits
         return full
 
