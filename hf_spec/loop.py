@@ -118,7 +118,8 @@ def generate(
         empty).
 
     Raises:
-        ValueError: a decoding algorithm other than greedy decoding or sampling (beam search, contrastive search,
+        ValueError: an encoder-decoder target (T5, BART: use plain ``generate``); a decoding algorithm other than
+            greedy decoding or sampling (beam search, contrastive search,
             DoLa, constrained beam search) or ``num_return_sequences`` > 1 outside ``generate`` (which repeats the
             prompts for it); transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
@@ -234,6 +235,12 @@ def ending_streamer(streamer):
 
 
 def _validate(model, input_ids, drafter, generation_config, cache, logits_processor) -> None:
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model; hf-spec decodes decoder-only causal language models "
+            "(its loop verifies drafts against one self-attention cache, not a decoder's cross-attention over an "
+            "encoder's output): use plain model.generate(...) without custom_generate=hf_spec.generate")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
     if model.device.type == "meta":

@@ -470,6 +470,32 @@ def test_inputs_the_loop_cannot_take_get_errors_that_name_them(tiny):
     assert streamer.ended and torch.equal(torch.cat(streamer.puts[1:]), out[0, PROMPT.shape[1]:])
 
 
+def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(tiny):
+    """An encoder-decoder target (T5) through either entry point, drafter or none: an error naming it and plain
+    generate, where the loop blamed a cache the caller never passed (EncoderDecoderCache); the same for such a
+    draft. A draft model or a hybrid's model source given by name: the spec to build it from, where a bare
+    AttributeError ('str' object has no attribute 'config') or a type name came."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    _, draft = tiny
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=64,
+                                             decoder_start_token_id=0, pad_token_id=0)).eval()
+    for drafter in (hf_spec.NgramDrafter(2), None):
+        with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model.*plain model.generate"):
+            t5.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter)
+    with pytest.raises(ValueError, match="is an encoder-decoder model"):
+        hf_spec.enable_drafters(t5).generate(PROMPT, assistant_model=draft, max_new_tokens=4)
+    with pytest.raises(ValueError, match="the draft T5ForConditionalGeneration is an encoder-decoder model"):
+        hf_spec.DraftModelDrafter(t5)
+    with pytest.raises(TypeError, match=r"make_drafter\('draft:smollm2-135m'"):
+        hf_spec.DraftModelDrafter("smollm2-135m")
+    with pytest.raises(TypeError, match="takes a loaded causal LM .* got int"):
+        hf_spec.DraftModelDrafter(3)
+    with pytest.raises(TypeError, match=r"make_drafter\('hybrid:draft:smollm2-135m'"):
+        hf_spec.HybridDrafter("smollm2-135m")
+
+
 def test_a_processor_with_state_across_calls_is_refused_and_a_watermark_without_runs_exactly(tiny):
     """SynthID's watermark keeps its n-gram context from call to call (one call per token for the whole batch
     assumed): the loop gave plain greedy output without the watermark, silently. Kirchenbauer's reads only the

@@ -519,6 +519,52 @@ def test_no_row_of_a_batch_feeds_its_draft_model_past_max_length(nodes):
     assert any(len(set(map(len, e.emitted))) > 1 for e in events[1:])  # the rows drift apart
 
 
+@pytest.mark.parametrize("nodes", [None, 5], ids=["chain", "tree"])
+def test_a_sequence_that_outgrows_a_short_draft_is_decoded_on_exactly(nodes, caplog):
+    """A draft that reads fewer positions than the call needs (GPT-2, n_positions = 12 < max_length; its weights the
+    target's, so it drafts well): it drafts while a row fits, a row that outgrows it is decoded on by the target
+    alone (the rows of a batch at different steps: one is 2 tokens longer), a prompt already longer drafts nothing
+    from the start, the draft never indexes a position it does not have, and the output is the target's own. Before,
+    the draft's position embedding raised IndexError mid-call."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
+                  eos_token_id=None, pad_token_id=1)
+    context, new = 12, 14
+    target = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()
+    draft = GPT2LMHeadModel(GPT2Config(n_positions=context, **common)).eval()
+    weights = target.state_dict()
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:context]
+    draft.load_state_dict(weights)
+    highest = []
+    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    long_prompt = dict(input_ids=torch.arange(2, 2 + context + 1)[None] % 30 + 2)
+    for inputs in (*INPUTS, long_prompt):
+        highest.clear()
+        ref = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        events = []
+        out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                              drafter=hf_spec.DraftModelDrafter(draft, 4), event_listeners=[events.append],
+                              **({} if nodes is None else {"num_tree_nodes": nodes}))
+        assert out.sequences.tolist() == ref.tolist()
+        assert not highest or max(highest) < context
+        lengths = (inputs["attention_mask"].sum(dim=1) if "attention_mask" in inputs
+                   else torch.tensor([inputs["input_ids"].shape[1]])).tolist()
+        drafted_at = []  # (step, the longest row's length before it) for steps that drafted
+        for e in events[1:]:
+            if any(e.drafted):
+                drafted_at.append(max(lengths[r] for r, d in zip(e.rows or range(len(e.drafted)), e.drafted) if d))
+            for r, emitted in zip(e.rows or range(len(e.emitted)), e.emitted):
+                lengths[r] += len(emitted)
+        if inputs is long_prompt:
+            assert not drafted_at  # past the context from the start
+        else:
+            assert drafted_at and max(drafted_at) <= context  # it drafted, and only for rows that fit
+    assert "reads at most 12 positions" in caplog.text
+
+
 def _medusa_tree(target, draft):
     from .test_medusa import random_heads
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 
@@ -22,6 +23,7 @@ from ..kernels import install_upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
 from ..processors import process_scores, reads_sequences
+from ..prompts import model_context
 from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
 
 logger = logging.getLogger("hf_spec")
@@ -64,8 +66,10 @@ class DraftModelDrafter(Drafter):
             would stop.
 
     Raises:
-        ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; (from
-            :meth:`prepare`) a draft offloaded with accelerate.
+        TypeError: ``draft_model`` is a name or path (build the drafter with ``make_drafter("draft:NAME", ...)``)
+            or not a model.
+        ValueError: ``num_speculative_tokens`` < 1; ``confidence_threshold`` outside ``[0, 1)``; an
+            encoder-decoder draft; (from :meth:`prepare`) a draft offloaded with accelerate.
         VocabularyMismatchError: (from :meth:`prepare`) the vocabularies differ; the message names both.
     """
 
@@ -87,6 +91,17 @@ class DraftModelDrafter(Drafter):
                              "tokens every step, 0.4 is transformers' assistant_confidence_threshold default")
         if num_speculative_tokens is None:
             num_speculative_tokens = self._default_k(confidence_threshold)
+        if isinstance(draft_model, (str, os.PathLike)):
+            raise TypeError(f"DraftModelDrafter takes a loaded causal LM, got the name {str(draft_model)!r}: build it "
+                            f"from its spec, hf_spec.make_drafter('draft:{draft_model}', target=model, "
+                            "tokenizer=tokenizer), which loads the draft in a dtype and on a device that suit the "
+                            f"target, or pass a model (hf_spec.load({str(draft_model)!r})[0])")
+        if not callable(draft_model) or not hasattr(draft_model, "config"):
+            raise TypeError(f"DraftModelDrafter takes a loaded causal LM (a transformers PreTrainedModel), got "
+                            f"{type(draft_model).__name__}")
+        if getattr(draft_model.config, "is_encoder_decoder", False):
+            raise ValueError(f"the draft {type(draft_model).__name__} is an encoder-decoder model; a draft model must be "
+                             "a decoder-only causal LM with the target's tokenizer")
         super().__init__(num_speculative_tokens)
         self.confidence_threshold = float(confidence_threshold)
         self.draft_model = draft_model
@@ -100,6 +115,8 @@ class DraftModelDrafter(Drafter):
         self._same_tokenizer = tokenizer is not None and draft_tokenizer is not None
         self._ragged: RaggedCache | None = None
         self._cached: list[torch.LongTensor] = []
+        self._context: int | None = None  # the positions the draft reads (prepare)
+        self._past_context_noted = False
 
     @property
     def stops_when_unsure(self) -> bool:  # the confidence stop: k is a cap
@@ -154,6 +171,11 @@ class DraftModelDrafter(Drafter):
         if (self.device.type == "cpu" and self.draft_model.dtype in (torch.bfloat16, torch.float16)
                 and not cpu_has_native_bf16()):
             install_upcast_prefill(self.draft_model)  # prompt prefill in float32: ~3x faster here
+        # the positions the draft was made to read (GPT-2's n_positions, a rotary model's trained context): a row
+        # longer than that is not fed (learned positions have no row there, rotary ones draft garbage) and drafts
+        # nothing; a row near it drafts no token whose feeding would pass it (_budget)
+        self._context = model_context(self.draft_model)
+        self._past_context_noted = False
         # the draft's own cache, rolled back to what it shares with the accepted sequence at every draft
         self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device)
         self._cached = [row[:0] for row in input_ids.to(self.device)]
@@ -173,19 +195,31 @@ class DraftModelDrafter(Drafter):
         prefill. The whole prompt before the first draft, ~0-1 token between two speculative steps."""
         if self._ragged is None:
             return 0.0
-        unseen = [len(s) - _common_prefix(c, s.to(self.device)) for c, s in zip(self._cached, sequences)]
+        unseen = [len(s) - _common_prefix(c, s.to(self.device))
+                  if self._context is None or len(s) <= self._context else 0  # not fed (_catch_up)
+                  for c, s in zip(self._cached, sequences)]
         return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
 
-    def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor]:
+    def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor | None]:
         """Feed the draft what it has not seen of each row (its cache rolled back to the longest prefix it shares
-        with the row): ``(sequences on the draft's device, logits [B, V'] after each row's last token)``."""
+        with the row): ``(sequences on the draft's device, logits [B, V'] after each row's last token)``. A row
+        longer than the draft's context is not fed (its logits are filler; :meth:`_budget` gives it no token);
+        the logits are ``None`` where no row is fed."""
         if self.generation_config is None:
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
         # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
         keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
         self._ragged.truncate(torch.tensor(keep, dtype=torch.long))
-        new = [s[n:] for s, n in zip(seqs, keep)]
+        fits = [self._context is None or len(s) <= self._context for s in seqs]
+        if not all(fits) and not self._past_context_noted:
+            self._past_context_noted = True
+            logger.warning("the draft model reads at most %d positions (its config): rows longer than that are "
+                           "decoded without drafts from here on", self._context)
+        new = [s[n:] if ok else s[:0] for s, n, ok in zip(seqs, keep, fits)]
+        self._cached = [s if ok else s[:n] for s, n, ok in zip(seqs, keep, fits)]
+        if not any(fits):
+            return seqs, None
         if len(new) == 1:  # a batch of one: the block is its new tokens, nothing to align
             block, block_valid = new[0][None], None
         else:
@@ -195,12 +229,15 @@ class DraftModelDrafter(Drafter):
             for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
                 block[b, width - len(t):] = t
                 block_valid[b, width - len(t):] = True
-        self._cached = seqs
         return seqs, self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
 
     @torch.no_grad()
     def draft(self, sequences, k):
         seqs, logits = self._catch_up(sequences)
+        if logits is None:  # every row past the draft's context
+            return torch.zeros(len(seqs), 0, dtype=torch.long, device=self.device), \
+                torch.zeros(len(seqs), dtype=torch.long, device=self.device), None
+        held = self._cached  # what the cache holds of each row (_catch_up)
         do_sample = bool(self.generation_config.do_sample)
         # greedy without processors: the argmax of the draft's own logits (no float32 copy, no processing)
         raw_argmax = not do_sample and len(self.logits_processor) == 0
@@ -211,7 +248,7 @@ class DraftModelDrafter(Drafter):
         num_drafted = budget.clamp(min=0, max=k)
         running = budget > 0  # a row at max_length - 1 drafts nothing (not even a first token the stop counts)
         fed_count = torch.zeros(bsz, dtype=torch.long, device=self.device)
-        tokens, scores, fed = [], [], seqs
+        tokens, scores = [], []
         for i in range(k):
             logits = _pad_or_cut(logits, self._target_vocab)
             if raw_argmax:
@@ -242,7 +279,7 @@ class DraftModelDrafter(Drafter):
             fed_count += running
         out = torch.stack(tokens, dim=1)
         # what the cache now holds: each sequence and the drafts fed after it
-        self._cached = [torch.cat([s, t[:n]]) for s, t, n in zip(fed, out, fed_count.tolist())]
+        self._cached = [torch.cat([s, t[:n]]) for s, t, n in zip(held, out, fed_count.tolist())]
         return out, num_drafted, (torch.stack(scores, dim=1) if do_sample else None)
 
     @torch.no_grad()
@@ -281,6 +318,10 @@ class DraftModelDrafter(Drafter):
         """
         seqs, logits = self._catch_up(sequences)
         bsz, device = len(seqs), self.device
+        if logits is None:  # every row past the draft's context
+            nothing = torch.zeros(bsz, 0, dtype=torch.long, device=device)
+            return nothing, torch.zeros(bsz, dtype=torch.long, device=device), None, nothing.clone()
+        held = self._cached  # what the cache holds of each row (_catch_up)
         width = self.tree_width(num_nodes)
         reads = reads_sequences(self.logits_processor)
         procs = self._row_processors if self._row_processors is not None else [self.logits_processor] * bsz
@@ -313,8 +354,8 @@ class DraftModelDrafter(Drafter):
             logits = self._ragged.forward(self.draft_model, chain_token[:, None], valid).logits[:, -1]
             fed_count += running
         # what the draft's cache now holds: each sequence and the chain tokens fed after it
-        self._cached = ([torch.cat([s, t[:n]]) for s, t, n in zip(seqs, torch.stack(fed, dim=1), fed_count.tolist())]
-                        if fed else seqs)
+        self._cached = ([torch.cat([s, t[:n]]) for s, t, n in zip(held, torch.stack(fed, dim=1), fed_count.tolist())]
+                        if fed else held)
         token, score = torch.cat(tokens, dim=1), torch.cat(scores, dim=1)  # [B, levels x W], level by level
         score = score.masked_fill(score.isnan(), -math.inf)  # a row whose processed logits were all -inf: filler
         # level 0's nodes hang from the root, level l's from level l - 1's chain node (its first)
@@ -339,9 +380,17 @@ class DraftModelDrafter(Drafter):
         cap, which counts the padding), k where the call has no ``max_length``. The draft is fed its token i only
         for a row that drafts token i + 1, so no position the draft sees reaches ``max_length``, where a draft
         with learned positions may have none (GPT-2's ``n_positions``); in a batch, a row that reached its budget,
-        or stopped where the draft doubted it, is fed filler (a hole in its cache) while other rows draft on."""
+        or stopped where the draft doubted it, is fed filler (a hole in its cache) while other rows draft on.
+        Where the draft reads at most C positions (:func:`~hf_spec.prompts.model_context`: GPT-2's ``n_positions``,
+        a rotary model's trained context) the budget is at most ``C - len(row) + 1`` (its last token fed at
+        position C - 1), so a row at C drafts one token and a longer one (not fed by :meth:`_catch_up`) none: a
+        sequence that outgrows a short draft is decoded on by the target alone, as vLLM skips speculation past the
+        draft's ``max_model_len``."""
         max_length = getattr(self.generation_config, "max_length", None)
-        return torch.tensor([k if max_length is None else max_length - len(s) - 1 for s in seqs], device=self.device)
+        budget = [k if max_length is None else max_length - len(s) - 1 for s in seqs]
+        if self._context is not None:
+            budget = [min(b, self._context - len(s) + 1) for b, s in zip(budget, seqs)]
+        return torch.tensor(budget, device=self.device)
 
     @staticmethod
     def tree_width(num_nodes: int) -> int:
