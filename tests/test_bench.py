@@ -92,6 +92,29 @@ def test_failed_report_leaves_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_speedup_that_tokens_per_forward_cannot_explain_is_flagged(tmp_path):
+    """A new user's bench beside a test suite: plain decoding slowed to 726 ms a step, prompt lookup at 18.98x with
+    1.2 tokens per target forward. The report and the command say the baseline was slowed; a plausible run (2x at
+    3.2 tokens a forward, and a method without a count) gets no warning."""
+    from hf_spec.bench import timing_warnings, write_report
+
+    def method(speedup, tokens):
+        return dict(speedup_median=speedup, speedup_total=speedup * 0.9, tokens_per_s=1.0, ttft_s=0.1, tpot_s=0.05,
+                    total_s=1.0, acceptance_rate=0.1, mean_accepted_length=tokens, acceptance_by_position=[],
+                    identical_fraction=1.0, per_category={"coding": {"speedup_median": speedup}})
+
+    base = method(1.0, None) | {"tpot_s": 0.726, "acceptance_rate": None}
+    slowed = {"baseline": base, "hf-prompt-lookup": method(18.98, 1.2), "ngram": method(1.3, 1.1)}
+    warnings = timing_warnings(slowed)
+    assert len(warnings) == 1 and warnings[0].startswith("hf-prompt-lookup: 18.98x with 1.20 tokens per target forward")
+    assert "726 ms" in warnings[0]
+    assert timing_warnings({"baseline": base, "draft": method(2.0, 3.2), "peer": method(5.0, None)}) == []
+    config = dict(target="t", date="d", commit="c", machine="m", threads=2, num_prompts=1, max_new_tokens=8,
+                  temperature=0.7, dtype="float32")
+    write_report(tmp_path / "out", config, slowed, {"prompts": []})
+    assert "**Timing warning.** hf-prompt-lookup: 18.98x" in (tmp_path / "out" / "results.md").read_text()
+
+
 def test_model_check_uses_the_runs_own_measurements():
     from hf_spec.bench import model_check
     from hf_spec.metrics import SpecStats

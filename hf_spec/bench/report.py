@@ -13,7 +13,7 @@ from ..metrics import SpecStats
 from .runner import Method, parse_methods
 
 __all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
-           "load_results", "decode_time_per_token"]
+           "load_results", "decode_time_per_token", "timing_warnings", "MIN_VERIFY_COST"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
         "mean_accepted_length", "acceptance_by_position", "identical_fraction")
@@ -146,6 +146,34 @@ def speedup_vs_k(summary: dict, methods: list[Method]) -> dict:
     return out
 
 
+#: the least a verify forward is taken to cost, in plain decoding steps: 0.89 of a step and more on this project's
+#: CPUs (docs/benchmarks.md), so a third leaves room for devices whose plain step is mostly overhead; a speedup
+#: above tokens per target forward / MIN_VERIFY_COST means the plain runs were slowed
+MIN_VERIFY_COST = 1 / 3
+
+
+def timing_warnings(summary: dict) -> list[str]:
+    """Warnings for speedups that the method's tokens per target forward cannot explain: a speedup (median of the
+    prompts' or on total time) above ``mean_accepted_length / MIN_VERIFY_COST`` says that plain decoding, not the
+    method, was slow in this run (another process on the cores: a new user's 2-core run measured 18.98x at 1.2
+    tokens per forward beside a test suite). Empty where every speedup is possible or nothing says how many
+    tokens a forward gave."""
+    base = summary.get("baseline")
+    warnings = []
+    for name, m in summary.items():
+        tokens = m.get("mean_accepted_length")
+        if name == "baseline" or not tokens or base is None:
+            continue
+        speedup = max(m["speedup_median"], m["speedup_total"])
+        if speedup > tokens / MIN_VERIFY_COST:
+            warnings.append(
+                f"{name}: {speedup:.2f}x with {tokens:.2f} tokens per target forward is more than speculation can "
+                f"give (a verify forward costs at least ~{MIN_VERIFY_COST:.2g} of a plain step): plain decoding was "
+                f"slowed in this run (its TPOT {base['tpot_s'] * 1000:.0f} ms), most likely by another process on "
+                "the cores; rerun with the machine to itself")
+    return warnings
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -205,6 +233,7 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"temperature {config['temperature']}, dtype {config['dtype']}"
               f"{', draft dtype ' + str(config['draft_dtype']) if config.get('draft_dtype') else ''}.",
               "", markdown_table(summary), ""]
+        md += [f"**Timing warning.** {w}" for w in timing_warnings(summary)] + ([""] if timing_warnings(summary) else [])
         if model_table(summary):
             md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",
                    "", model_table(summary), ""]

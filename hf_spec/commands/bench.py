@@ -76,11 +76,13 @@ def run_bench_command(args) -> int:
                   command="hf-spec " + " ".join(sys.argv[1:]))
     out = write_report(args.out, config, summary, raw, prediction)
     journal.unlink(missing_ok=True)
-    from ..bench import markdown_table, model_table
+    from ..bench import markdown_table, model_table, timing_warnings
 
     print(markdown_table(summary))
     if model_table(summary):
         print(model_table(summary))
+    for warning in timing_warnings(summary):
+        print(f"hf-spec: warning: {warning}", file=sys.stderr)
     print(f"written: {out}/results.json, results.md, plots")
     return 0
 
