@@ -1,5 +1,6 @@
 import json, math, statistics
-data = json.load(open("/work/main/docs/results/issue22_eagle2_expansion_bf16_13x2_128/sim_tree.json"))
+from pathlib import Path
+data = json.load(open(Path(__file__).parent.parent / "issue22_eagle2_expansion_bf16_13x2_128" / "sim_tree.json"))
 vals = []; hit = {}
 for p in data:
     r, tlp = p["rank"], p["top_lp"]; t = 0

@@ -1,9 +1,10 @@
 """Teacher-forced sim: chain vs chain-with-siblings tree under confidence thresholds. Cost model from AMX measurements."""
 import json, math, statistics, sys
-data = json.load(open("/work/main/docs/results/issue22_eagle2_expansion_bf16_13x2_128/sim_tree.json"))
+from pathlib import Path
+data = json.load(open(Path(__file__).parent.parent / "issue22_eagle2_expansion_bf16_13x2_128" / "sim_tree.json"))
 D1, D2 = 32.5, 38.0   # ms: draft forward, 1 and 2 tokens
-def V(n): return 195.0 + 0.8 * (n - 1)  # ms: target verify of n positions
-def run(p, tau, tree, k=6, nodes=16, W=8):
+def V_linear(n): return 195.0 + 0.8 * (n - 1)  # ms: target verify of n positions
+def run(p, tau, tree, k=6, nodes=16, W=8, V=V_linear):
     r, tlp = p["rank"], p["top_lp"]
     t = 0; steps = 0; ms = 0.0; catch = 1
     while t < len(r):
@@ -32,9 +33,10 @@ def run(p, tau, tree, k=6, nodes=16, W=8):
         catch = 2 if (acc == levels or extra) else 1
         t += emitted; steps += 1
     return t / (ms / 1000), t / steps
-for tau in (0.3, 0.4, 0.5, 0.6, 0.7):
-    res = []
-    for p in data:
-        c = run(p, 0.5, False); tr = run(p, tau, True); c2 = run(p, tau, False)
-        res.append((tr[0] / c[0], c2[0] / c[0], tr[1], c[1]))
-    print(f"tau={tau}: tree/chain(0.5) median {statistics.median(x[0] for x in res):.3f}  chain(tau)/chain(0.5) {statistics.median(x[1] for x in res):.3f}  tok/step tree {statistics.mean(x[2] for x in res):.2f} chain {statistics.mean(x[3] for x in res):.2f}")
+if __name__ == "__main__":
+    for tau in (0.3, 0.4, 0.5, 0.6, 0.7):
+        res = []
+        for p in data:
+            c = run(p, 0.5, False); tr = run(p, tau, True); c2 = run(p, tau, False)
+            res.append((tr[0] / c[0], c2[0] / c[0], tr[1], c[1]))
+        print(f"tau={tau}: tree/chain(0.5) median {statistics.median(x[0] for x in res):.3f}  chain(tau)/chain(0.5) {statistics.median(x[1] for x in res):.3f}  tok/step tree {statistics.mean(x[2] for x in res):.2f} chain {statistics.mean(x[3] for x in res):.2f}")
