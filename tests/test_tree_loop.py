@@ -488,26 +488,33 @@ def test_a_draft_model_sees_no_position_past_max_length_in_a_batch(nodes, thresh
     assert out[1].tolist()[2] == 0
 
 
+def _gpt2_and_its_short_draft(positions: int):
+    """A tiny GPT-2 target (64 learned positions) and a draft with its weights but only the first ``positions``
+    position rows, so it drafts well; and the list the draft's position embedding records its highest index in."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
+                  eos_token_id=None, pad_token_id=1)
+    target = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()
+    draft = GPT2LMHeadModel(GPT2Config(n_positions=positions, **common)).eval()
+    weights = target.state_dict()
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:positions]
+    draft.load_state_dict(weights)
+    highest = []
+    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    return target, draft, highest
+
+
 @pytest.mark.parametrize("nodes", [None, 5], ids=["chain", "tree"])
 def test_no_row_of_a_batch_feeds_its_draft_model_past_max_length(nodes):
     """The same end to end: rows that reach max_length at different steps (row 0's drafts all wrong), a draft
     with the target's weights and learned positions up to max_length only; every position the draft sees stays
     below max_length, the rows drift apart as meant, and the output is the target's own (the draft fed every
     drafted token in every row raised IndexError here)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
-                  eos_token_id=None, pad_token_id=1)
     inputs, new = INPUTS[1], 14
     max_length = inputs["input_ids"].shape[1] + new
-    target = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()
-    draft = GPT2LMHeadModel(GPT2Config(n_positions=max_length, **common)).eval()
-    weights = target.state_dict()
-    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:max_length]
-    draft.load_state_dict(weights)
-    highest = []
-    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    target, draft, highest = _gpt2_and_its_short_draft(max_length)
     ref = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     events = []
     out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
@@ -526,19 +533,8 @@ def test_a_sequence_that_outgrows_a_short_draft_is_decoded_on_exactly(nodes, cap
     alone (the rows of a batch at different steps: one is 2 tokens longer), a prompt already longer drafts nothing
     from the start, the draft never indexes a position it does not have, and the output is the target's own. Before,
     the draft's position embedding raised IndexError mid-call."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    common = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=32, initializer_range=0.3, bos_token_id=0,
-                  eos_token_id=None, pad_token_id=1)
     context, new = 12, 14
-    target = GPT2LMHeadModel(GPT2Config(n_positions=64, **common)).eval()
-    draft = GPT2LMHeadModel(GPT2Config(n_positions=context, **common)).eval()
-    weights = target.state_dict()
-    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:context]
-    draft.load_state_dict(weights)
-    highest = []
-    draft.transformer.wpe.register_forward_pre_hook(lambda m, args: highest.append(int(args[0].max())))
+    target, draft, highest = _gpt2_and_its_short_draft(context)
     long_prompt = dict(input_ids=torch.arange(2, 2 + context + 1)[None] % 30 + 2)
     for inputs in (*INPUTS, long_prompt):
         highest.clear()
