@@ -75,8 +75,8 @@ CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earl
                "and hybrid:draft:MODEL: a text file is one document, a .jsonl file one document a line "
                "({\"text\": ...}); tokenized with the target's tokenizer")
 K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; 6 for draft:MODEL and "
-          "hybrid:draft:MODEL, whose confidence stop makes k a cap; a Medusa checkpoint's head count), or auto: chosen before each step from running measurements, speculation switched off where it "
-          "does not pay")
+          "hybrid:draft:MODEL, whose confidence stop makes k a cap; a Medusa checkpoint's head count), or auto: "
+          "chosen before each step from running measurements, speculation switched off where it does not pay")
 JSON_HELP = ("print one JSON object on standard output: the result, or on failure {\"error\", \"error_type\", "
              "\"exit_status\"}")
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
