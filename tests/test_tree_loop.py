@@ -526,13 +526,15 @@ def test_no_row_of_a_batch_feeds_its_draft_model_past_max_length(nodes):
     assert any(len(set(map(len, e.emitted))) > 1 for e in events[1:])  # the rows drift apart
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["draft-model", "hybrid"])
 @pytest.mark.parametrize("nodes", [None, 5], ids=["chain", "tree"])
-def test_a_sequence_that_outgrows_a_short_draft_is_decoded_on_exactly(nodes, caplog):
+def test_a_sequence_that_outgrows_a_short_draft_is_decoded_on_exactly(nodes, hybrid, caplog):
     """A draft that reads fewer positions than the call needs (GPT-2, n_positions = 12 < max_length; its weights the
-    target's, so it drafts well): it drafts while a row fits, a row that outgrows it is decoded on by the target
-    alone (the rows of a batch at different steps: one is 2 tokens longer), a prompt already longer drafts nothing
-    from the start, the draft never indexes a position it does not have, and the output is the target's own. Before,
-    the draft's position embedding raised IndexError mid-call."""
+    target's, so it drafts well): it drafts while a row fits, a row that outgrows it is decoded on without its
+    drafts (the rows of a batch at different steps: one is 2 tokens longer), a prompt already longer gets none from
+    the start, the draft never indexes a position it does not have, and the output is the target's own; alone and
+    as the hybrid drafter's model source (whose suffix source may still draft past it). Before, the draft's
+    position embedding raised IndexError mid-call."""
     context, new = 12, 14
     target, draft, highest = _gpt2_and_its_short_draft(context)
     long_prompt = dict(input_ids=torch.arange(2, 2 + context + 1)[None] % 30 + 2)
@@ -542,22 +544,24 @@ def test_a_sequence_that_outgrows_a_short_draft_is_decoded_on_exactly(nodes, cap
         events = []
         out = target.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                               custom_generate=hf_spec.generate, return_dict_in_generate=True,
-                              drafter=hf_spec.DraftModelDrafter(draft, 4), event_listeners=[events.append],
+                              drafter=hf_spec.HybridDrafter(hf_spec.DraftModelDrafter(draft, 4)) if hybrid
+                              else hf_spec.DraftModelDrafter(draft, 4), event_listeners=[events.append],
                               **({} if nodes is None else {"num_tree_nodes": nodes}))
         assert out.sequences.tolist() == ref.tolist()
         assert not highest or max(highest) < context
         lengths = (inputs["attention_mask"].sum(dim=1) if "attention_mask" in inputs
                    else torch.tensor([inputs["input_ids"].shape[1]])).tolist()
-        drafted_at = []  # (step, the longest row's length before it) for steps that drafted
-        for e in events[1:]:
-            if any(e.drafted):
-                drafted_at.append(max(lengths[r] for r, d in zip(e.rows or range(len(e.drafted)), e.drafted) if d))
+        drafted_at = []  # the length before the step of each row the draft model alone drafted for
+        for e in events[1:]:  # (a hybrid's "draft+suffix" rows may hold suffix nodes only: `highest` covers them)
+            rows = e.rows or range(len(e.drafted))
+            sources = e.sources or ["draft"] * len(e.drafted)
+            drafted_at += [lengths[r] for r, d, src in zip(rows, e.drafted, sources) if d and src == "draft"]
             for r, emitted in zip(e.rows or range(len(e.emitted)), e.emitted):
                 lengths[r] += len(emitted)
         if inputs is long_prompt:
             assert not drafted_at  # past the context from the start
-        else:
-            assert drafted_at and max(drafted_at) <= context  # it drafted, and only for rows that fit
+        else:  # only for rows that fit; alone it drafted (the hybrid may have taken its suffix source throughout)
+            assert max(drafted_at, default=0) <= context and (drafted_at or hybrid)
     assert "reads at most 12 positions" in caplog.text
 
 

@@ -233,7 +233,8 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"temperature {config['temperature']}, dtype {config['dtype']}"
               f"{', draft dtype ' + str(config['draft_dtype']) if config.get('draft_dtype') else ''}.",
               "", markdown_table(summary), ""]
-        md += [f"**Timing warning.** {w}" for w in timing_warnings(summary)] + ([""] if timing_warnings(summary) else [])
+        warnings = timing_warnings(summary)
+        md += [f"**Timing warning.** {w}" for w in warnings] + ([""] if warnings else [])
         if model_table(summary):
             md += ["The speedup model, every input measured in this run (decode phase; see `hf_spec.bench.model_check`):",
                    "", model_table(summary), ""]

@@ -195,10 +195,13 @@ class DraftModelDrafter(Drafter):
         prefill. The whole prompt before the first draft, ~0-1 token between two speculative steps."""
         if self._ragged is None:
             return 0.0
-        unseen = [len(s) - _common_prefix(c, s.to(self.device))
-                  if self._context is None or len(s) <= self._context else 0  # not fed (_catch_up)
+        unseen = [len(s) - _common_prefix(c, s.to(self.device)) if self._fits(s) else 0  # not fed (_catch_up)
                   for c, s in zip(self._cached, sequences)]
         return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
+
+    def _fits(self, sequence) -> bool:
+        """Whether the draft reads every position of ``sequence`` (its context: :meth:`prepare`)."""
+        return self._context is None or len(sequence) <= self._context
 
     def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor | None]:
         """Feed the draft what it has not seen of each row (its cache rolled back to the longest prefix it shares
@@ -211,7 +214,7 @@ class DraftModelDrafter(Drafter):
         # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
         keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
         self._ragged.truncate(torch.tensor(keep, dtype=torch.long))
-        fits = [self._context is None or len(s) <= self._context for s in seqs]
+        fits = [self._fits(s) for s in seqs]
         if not all(fits) and not self._past_context_noted:
             self._past_context_noted = True
             logger.warning("the draft model reads at most %d positions (its config): rows longer than that are "
