@@ -114,10 +114,12 @@ def generate(
         As ``generate``: the sequences ``LongTensor[B, L + new]``, or with ``return_dict_in_generate=True`` a
         :class:`SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` /
         ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
-        every token but the last, as ``generate`` leaves it; ``None`` for a batch, whose cache passed in stays
-        empty).
+        every token but the last, as ``generate`` leaves it; ``None`` for a batch and for sliding-window models,
+        whose cache passed in stays empty).
 
     Raises:
+        TypeError: ``drafter`` is not an hf-spec Drafter instance (a class, or a spec string: build it with
+            :func:`~hf_spec.drafters.registry.make_drafter`), or a subclass that skipped ``super().__init__``.
         ValueError: an encoder-decoder target (T5, BART: use plain ``generate``); a decoding algorithm other than
             greedy decoding or sampling (beam search, contrastive search,
             DoLa, constrained beam search) or ``num_return_sequences`` > 1 outside ``generate`` (which repeats the

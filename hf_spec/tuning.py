@@ -93,7 +93,8 @@ def best_k(
     verify_cost: Callable[[int], float] | Sequence[float] | None = None,
     k_max: int = 12,
 ) -> tuple[int, float]:
-    """The k in 1..k_max with the highest :func:`expected_speedup`, and that speedup."""
+    """The k in 1..k_max with the highest :func:`expected_speedup`, and that speedup; on a tie the largest such k
+    (``hf-spec tune``, which measures, breaks ties toward the smallest)."""
     scores = [(expected_speedup(acceptance, k, cost_ratio, verify_cost), k) for k in range(1, k_max + 1)]
     speed, k = max(scores)
     return k, speed

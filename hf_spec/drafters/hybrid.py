@@ -240,14 +240,17 @@ class HybridDrafter(Drafter):
 
     Args:
         model_drafter: the model-based source (:class:`~hf_spec.drafters.draft_model.DraftModelDrafter`,
-            :class:`~hf_spec.drafters.medusa.MedusaDrafter`, or any drafter); its k is this drafter's default k.
+            :class:`~hf_spec.drafters.medusa.MedusaDrafter`, or a model-based drafter of your own: not a suffix,
+            n-gram or hybrid drafter); its k is this drafter's default k.
         suffix: the model-free source (default: ``SuffixDrafter()``; give one with a ``corpus`` or
             ``remember_outputs``).
         num_speculative_tokens: k (default: the model drafter's).
         decay: per-step weight kept by past acceptance counts and the window of times (0 < decay < 1).
 
     Raises:
-        ValueError: a bad k or decay; TypeError: a source that is not a Drafter.
+        ValueError: a bad k or decay.
+        TypeError: a ``model_drafter`` that is not a Drafter (a name: build the hybrid with ``make_drafter``) or is
+            a suffix, n-gram or hybrid drafter; a ``suffix`` that is not a SuffixDrafter.
     """
 
     method = "hybrid"

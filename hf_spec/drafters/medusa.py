@@ -99,12 +99,14 @@ class MedusaDrafter(Drafter):
 
     Args:
         heads: :class:`~hf_spec.medusa.heads.MedusaHeads`, or the path of a heads folder (vLLM's or
-            FasterDecoding's layout, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads.
+            FasterDecoding's layout, see :mod:`hf_spec.medusa.heads`) or the short name of shipped heads or of heads
+            trained into the cache.
         num_speculative_tokens: k, tokens drafted per step; at most the number of heads (default: all heads).
             With a tree (``num_tree_nodes``), the most heads a path uses (its depth).
 
     Raises:
-        ValueError: k < 1 or k > the number of heads.
+        ValueError: k < 1 or k > the number of heads; (from ``start``) heads on another device than the target's
+            ``lm_head``.
         MedusaCheckpointError: (here or from ``start``) unreadable heads, or heads whose hidden size or
             vocabulary differ from the target's.
     """

@@ -3,8 +3,8 @@
 
 The command line (``generate``, ``bench``, ``tune``), the benchmark and the demo all build their drafters
 here, so a spec means the same everywhere, is checked once, before any model loads, and gets one default k
-(:data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`, or what the drafter knows better: a Medusa
-checkpoint's head count). Adding a drafter = one file with a :class:`~hf_spec.drafters.base.Drafter` subclass
+(:data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`, or what the drafter knows better: 6 for a draft
+model, whose confidence stop makes k a cap, and for a hybrid built on one; a Medusa checkpoint's head count). Adding a drafter = one file with a :class:`~hf_spec.drafters.base.Drafter` subclass
 + one line in :data:`DRAFTERS` (or :func:`register_drafter` from your own code).
 """
 
@@ -51,7 +51,8 @@ class DrafterSpec:
 
 
 def drafter_specs() -> str:
-    """The accepted spec forms, for messages and help: ``none | ngram | draft:MODEL | medusa:DIR``."""
+    """The accepted spec forms, for messages and help: ``none``, then every registered drafter's name with its
+    argument (``none | ngram | suffix | hybrid:draft:MODEL | draft:MODEL | medusa:DIR`` with the built-in ones)."""
     forms = [name if cls.spec_argument is None else f"{name}:{cls.spec_argument}" for name, cls in DRAFTERS.items()]
     return " | ".join(["none"] + forms)
 
@@ -87,9 +88,11 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
     """Build the drafter a spec names (``None`` for ``"none"``).
 
     Args:
-        spec: ``none``, ``ngram``, ``draft:MODEL``, ``medusa:DIR`` or a registered name; or a parsed spec.
-        num_speculative_tokens: the drafter's own k (an int >= 1), or ``None`` for its default (3; a Medusa
-            checkpoint's head count). ``"auto"`` is a per-call choice: pass it to ``generate``, not here.
+        spec: ``none``, ``ngram``, ``suffix``, ``draft:MODEL``, ``medusa:DIR``, ``hybrid:draft:MODEL``,
+            ``hybrid:medusa:DIR`` or a registered name; or a parsed spec.
+        num_speculative_tokens: the drafter's own k (an int >= 1), or ``None`` for its default (3; 6 for
+            ``draft:MODEL`` and ``hybrid:draft:MODEL``, whose confidence stop makes k a cap; a Medusa checkpoint's
+            head count). ``"auto"`` is a per-call choice: pass it to ``generate``, not here.
         target: the target model (a draft model is put on its device; Medusa heads are checked against it).
         tokenizer: the target's tokenizer (a draft model's must have the same vocabulary).
         draft_dtype: ``"auto"`` (int4 on a CPU with native bfloat16, else int8 with VNNI, else bfloat16; float16
