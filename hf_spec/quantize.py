@@ -89,8 +89,9 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
         device: ``"cpu"`` or ``"cuda"`` (default: cuda when available).
 
     Returns:
-        ``out``, holding ``config.json`` (with ``quantization_config``), the weights, the tokenizer and
-        ``hf_spec_quantize.json`` (settings and seconds taken).
+        ``out``, holding ``config.json`` (with ``quantization_config``), the weights, the tokenizer, the source's
+        own ``generation_config.json`` (so ``generate`` decodes as it does the source's: gptqmodel's copy would
+        sample by default) and ``hf_spec_quantize.json`` (settings and seconds taken).
 
     Raises:
         ImportError: gptqmodel is not installed.
@@ -140,6 +141,13 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
         model.quantize(texts, backend=BACKEND.AWQ_TORCH if device == "cpu" else BACKEND.AUTO)
         model.save(str(tmp))
         seconds = time.perf_counter() - t0
+        # the source's generation config, not gptqmodel's: it "auto-fixes" one that has no do_sample into
+        # do_sample=True, so that plain generate() on the checkpoint sampled where the source decodes greedily
+        source_config = path / "generation_config.json"
+        if source_config.is_file():
+            shutil.copyfile(source_config, tmp / "generation_config.json")
+        else:
+            (tmp / "generation_config.json").unlink(missing_ok=True)
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(str(path)).save_pretrained(str(tmp))

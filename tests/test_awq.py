@@ -15,10 +15,11 @@ import json
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import hf_spec
 from hf_spec.kernels import NEAR_TIE_BOUNDS
-from hf_spec.models import cache_dir
+from hf_spec.models import cache_dir, provision
 
 from .conftest import check_greedy_identical, verify_vs_decode
 
@@ -52,6 +53,12 @@ def test_awq_checkpoint(awq_path):
     assert config["quantization_config"]["bits"] == 4 and config["quantization_config"]["group_size"] == 64
     report = json.loads((awq_path / "hf_spec_quantize.json").read_text())
     assert report["method"] == "awq" and report["num_texts"] == 16
+    # generate() on the checkpoint decodes as on its source: greedy (gptqmodel's own generation config said
+    # do_sample=True, and plain generate sampled; an AWQ cache made before the fix fails here: delete it)
+    source = GenerationConfig.from_pretrained(provision("smollm2-135m"))
+    made = GenerationConfig.from_pretrained(awq_path)
+    assert not made.do_sample, f"{awq_path} samples by default"
+    assert all(getattr(made, key) == getattr(source, key) for key in ("do_sample", "temperature", "top_p", "top_k"))
 
 
 def test_awq_verify_forward_stays_near_one_token_forwards(awq_path, prompts):
