@@ -169,7 +169,9 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "P
     """
     context = model_context(model)
     if context is not None and prompt_tokens + max_new_tokens > context:
-        raise ValueError(f"{what} is too long: {prompt_tokens} tokens (with the chat template, if any) and "
-                         f"{max_new_tokens} new tokens exceed the context of the model, {context} positions; shorten "
-                         "the prompt" + (f" or ask for at most {context - prompt_tokens} new tokens."
-                                         if prompt_tokens < context else "."))
+        if prompt_tokens < context:  # it fits: the new tokens asked are what passes the context
+            raise ValueError(f"{what} ({prompt_tokens} tokens with the chat template, if any) and {max_new_tokens} "
+                             f"new tokens exceed the context of the model, {context} positions: ask for at most "
+                             f"{context - prompt_tokens} new tokens, or shorten the prompt.")
+        raise ValueError(f"{what} is too long: {prompt_tokens} tokens (with the chat template, if any) reach past "
+                         f"the context of the model, {context} positions; shorten the prompt.")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -309,6 +310,11 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert "not a near-tie" in _near_tie_verdict(0.2, model, torch.float32)
     assert _near_tie_verdict(1e-4, model, torch.float32).startswith("a near-tie")
     assert _near_tie_verdict(0.2, model, torch.bfloat16).startswith("a near-tie")
+    assert "--dtype float32 makes such ties rare" in _near_tie_verdict(0.2, model, torch.bfloat16)
+    # an AWQ target rounds alike in any --dtype: no advice to change it
+    awq = SimpleNamespace(config=SimpleNamespace(quantization_config={"quant_method": "awq", "bits": 4}))
+    assert "--dtype float32 makes" not in _near_tie_verdict(0.2, awq, torch.float32)
+    assert "whatever --dtype says" in _near_tie_verdict(0.2, awq, torch.float32)
     assert "the gap is negative" in _near_tie_verdict(-0.0625, model, torch.bfloat16)  # the check's own rounding
     assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
 
@@ -725,7 +731,6 @@ def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, m
     """A prompt that with its new tokens runs past the model's positions wrote garbage for minutes (found in the
     demo, which refuses it too): generate says so before any generation, naming the prompt and the most new tokens
     that fit; GPT-2's n_positions counts as its context."""
-    from types import SimpleNamespace
 
     from transformers import GPT2Config, LlamaConfig
 
@@ -743,7 +748,9 @@ def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, m
     assert cli.main(argv + ["--prompt", long]) == 2
     assert f"The prompt is too long: {n_long} tokens" in capsys.readouterr().err
     assert cli.main(argv + ["--prompt", short]) == 2
-    assert f"ask for at most {256 - n_short} new tokens" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the prompt fits: the new tokens asked are what to change, said first
+    assert f"The prompt ({n_short} tokens" in err and f"ask for at most {256 - n_short} new tokens" in err
+    assert "too long" not in err
     with pytest.raises(ValueError, match="context of the model, 16 positions"):
         check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 7)
     check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 6)  # fits: no error
