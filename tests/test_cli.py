@@ -257,7 +257,7 @@ def test_generate_bad_auto_and_port():
 
 @slow
 @pytest.mark.parametrize("args,msg", [
-    ([], "group size 128 does not divide {'hidden_size': 576}; use --group-size 64"),
+    ([], "group size 128 does not divide the model's hidden_size 576; use --group-size 64"),
     (["--group-size", "64", "--calibration", "/no/such/texts.txt"], "no calibration file /no/such/texts.txt"),
     (["--group-size", "64", "--num-texts", "2"], "gives 2 calibration texts; AWQ needs at least 8"),
     (["--group-size", "0"], "need group_size >= 1"),
@@ -710,7 +710,12 @@ def test_json_errors_only_for_the_commands_that_have_json(capsys):
     """bench has no --json: argparse's error on standard error, not a JSON object on standard output."""
     status = cli.main(["bench", "--target", "smollm2-135m", "--methods", "ngram", "--out", "x", "--json"])
     out, err = capsys.readouterr()
-    assert status == 2 and out == "" and "unrecognized arguments: --json" in err
+    assert status == 2 and out == "" and "hf-spec bench: error: unrecognized arguments: --json" in err
+    # an option no command has is told by the command's parser, after its usage, as the README says
+    status = cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--stream"])
+    err = capsys.readouterr().err
+    assert status == 2 and "usage: hf-spec generate" in err
+    assert err.rstrip().endswith("hf-spec generate: error: unrecognized arguments: --stream")
 
 
 def test_a_metrics_port_in_use_is_refused_before_any_model_loads(capsys, monkeypatch):

@@ -13,7 +13,7 @@ from ..metrics import SpecStats
 from .runner import Method, parse_methods
 
 __all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
-           "load_results", "decode_time_per_token", "timing_warnings", "MIN_VERIFY_COST"]
+           "load_results", "decode_time_per_token", "timing_warnings", "tune_warnings", "MIN_VERIFY_COST"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
         "mean_accepted_length", "acceptance_by_position", "identical_fraction")
@@ -171,6 +171,30 @@ def timing_warnings(summary: dict) -> list[str]:
                 f"give (a verify forward costs at least ~{MIN_VERIFY_COST:.2g} of a plain step): plain decoding was "
                 f"slowed in this run (its TPOT {base['tpot_s'] * 1000:.0f} ms), most likely by another process on "
                 "the cores; rerun with the machine to itself")
+    return warnings
+
+
+#: plain decoding's TPOT in ``hf-spec tune``'s check run over its calibration run's, outside which the machine's
+#: speed changed between the two (a quiet 2-core VM varies ~10% from run to run)
+TPOT_DRIFT = (0.8, 1.25)
+
+
+def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None) -> list[str]:
+    """Warnings for ``hf-spec tune`` measurements that something else on the machine distorted: a verify of k + 1
+    positions under :data:`MIN_VERIFY_COST` of a plain step (``verify_cost[k]``, over ``t_plain_s``, plain
+    decoding's TPOT in the calibration; no forward of k + 1 positions is that much cheaper than one of a single
+    position: plain decoding was slowed), and, with ``t_check_s`` (plain decoding's TPOT in the check run), a
+    TPOT that moved outside :data:`TPOT_DRIFT` between the two runs. A new user's tune beside other work once
+    measured T_1 = 1537 ms and T(3)/T(1) = 0.59, and 38 ms in the next run."""
+    warnings = [f"a verify of {k + 1} positions measured {verify_cost[k]:.2f} of a plain step, less than any forward "
+                f"of {k + 1} positions costs (~{MIN_VERIFY_COST:.2g} at least): plain decoding was slowed in the "
+                f"calibration (T_1 = {t_plain_s * 1000:.0f} ms), most likely by another process on the cores; rerun "
+                "with the machine to itself" for k in range(1, len(verify_cost)) if verify_cost[k] < MIN_VERIFY_COST][:1]
+    if t_check_s is not None and not TPOT_DRIFT[0] <= t_check_s / t_plain_s <= TPOT_DRIFT[1]:
+        warnings.append(f"plain decoding's TPOT moved from {t_plain_s * 1000:.0f} ms (calibration) to "
+                        f"{t_check_s * 1000:.0f} ms (check): the machine's speed changed between the two runs, most "
+                        "likely another process on the cores; the predictions rest on the first, so rerun with the "
+                        "machine to itself")
     return warnings
 
 

@@ -29,7 +29,8 @@ def run_bench_command(args) -> int:
     args.draft_dtype = draft_dtype_flag(args, _runs_a_draft_model(methods), args.methods)
     if args.corpus and not any(m.kind == "hf-spec" and DRAFTERS[m.spec.partition(":")[0]].takes_corpus
                                for m in methods):
-        raise ValueError("--corpus needs a method that drafts from one: suffix or hybrid:draft:MODEL")
+        raise ValueError("--corpus needs a method that drafts from one: suffix, hybrid:draft:MODEL or "
+                         "hybrid:medusa:DIR")
     corpus = read_corpus(args.corpus)
     try:
         import matplotlib  # noqa: F401  (the plots are written at the end: fail now, not after the run)
@@ -95,9 +96,9 @@ def run_tune(args) -> int:
         ValueError: a bad drafter spec (``none`` included: nothing to tune) or setting, before any model loads.
     """
     from ..adaptive import CycleK
-    from ..bench import Method, decode_time_per_token, run_bench, summarize
+    from ..bench import Method, decode_time_per_token, run_bench, summarize, tune_warnings
     from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
-    from ..drafters.registry import make_drafter, parse_drafter
+    from ..drafters.registry import drafter_specs, make_drafter, parse_drafter
     from ..metrics import SpecStats
     from ..models import load
     from ..prompts import load_questions
@@ -111,7 +112,8 @@ def run_tune(args) -> int:
                          "--max-new-tokens >= 2 and --per-category >= 1")
     spec = parse_drafter(args.drafter)
     if spec is None:
-        raise ValueError("--drafter none has nothing to tune; use ngram, draft:MODEL or medusa:DIR")
+        raise ValueError("--drafter none has nothing to tune; use one of "
+                         + drafter_specs().removeprefix("none | "))
     args.draft_dtype = draft_dtype_flag(args, uses_a_draft_model(spec), args.drafter)
     questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
@@ -144,9 +146,12 @@ def run_tune(args) -> int:
     c, verify = in_loop_costs(cycle.calls[1:], t_plain, k_max)  # calls[0]: run_bench's warm-up
     predicted = expected_speedups(acceptance, c, verify)
     k_best = max(predicted, key=lambda k: (predicted[k], -k))
+    pays = predicted[k_best] > 1.0
     result = {"target": args.target, "drafter": args.drafter, "t_plain_s": t_plain,
               "conditional_acceptance": acceptance, "acceptance_rate": stats.acceptance_rate,
-              "cost_ratio": c, "verify_cost": verify, "predicted": predicted, "best_k": k_best, "measured": {}}
+              "cost_ratio": c, "verify_cost": verify, "predicted": predicted, "best_k": k_best,
+              "speculation_pays": pays, "measured": {}}
+    t_check = None  # plain decoding's TPOT in the check run
     # 2. measured speedup at the best k and its neighbours, each beside its prediction
     if not args.no_check:
         ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
@@ -155,6 +160,7 @@ def run_tune(args) -> int:
         raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
                         progress=not args.json, drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
+        t_check = summary["baseline"]["tpot_s"]
         for m in methods[1:]:
             decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]
             result["measured"][m.k] = {
@@ -164,6 +170,9 @@ def run_tune(args) -> int:
                 "identical_fraction": summary[m.name]["identical_fraction"],
                 "prediction_error": predicted[m.k] / decode - 1,
             }
+    result["warnings"] = tune_warnings(verify, t_plain, t_check)
+    for warning in result["warnings"]:
+        print(f"hf-spec tune: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -179,6 +188,10 @@ def run_tune(args) -> int:
         print(f"| {k}{' (best)' if k == k_best else ''} | {c[k - 1]:.3f} | {verify[k]:.2f} | {pred:.2f}x | {meas} |")
     print("c and the verify cost: seconds per drafted token and per verify step inside the loop, over T_1; "
           "predicted: E[tokens per step] / (T_verify(k+1)/T_1 + k c); error: predicted / measured - 1")
+    if not pays:
+        print(f"No k is predicted to beat plain decoding here (the best, k = {k_best}, {predicted[k_best]:.2f}x): "
+              f"decode without this drafter, or let num_speculative_tokens=\"auto\" (-k auto) switch it off where it "
+              "does not pay.")
     return 0
 
 

@@ -33,7 +33,8 @@ def run(args) -> int:
     args.draft_dtype = draft_dtype_flag(args, uses_a_draft_model(spec), args.drafter)
     check_draft_dtype(args.draft_dtype, device_map)
     if args.corpus and (spec is None or not spec.cls.takes_corpus):
-        raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL, not "
+        raise ValueError(f"--corpus needs a drafter that drafts from one: --drafter suffix, hybrid:draft:MODEL or "
+                         f"hybrid:medusa:DIR, not "
                          f"{args.drafter!r}")
     speculative_only = [flag for flag, given in (("-k", args.k is not None), ("--tree", bool(args.tree)),
                                                  ("--prometheus-port", args.prometheus_port is not None)) if given]

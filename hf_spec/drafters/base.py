@@ -215,7 +215,7 @@ class Drafter:
         if cls.spec_argument is None and argument is not None:
             raise ValueError(f"takes no argument after the name, got {argument!r}")
         if cls.spec_argument is not None and not argument:
-            raise ValueError(f"needs {cls.spec_argument} after the colon")
+            raise ValueError(f"needs {cls.spec_argument.replace(' | ', ' or ')} after the colon")
 
     @classmethod
     def spec_num_speculative_tokens(cls, argument: str | None) -> int:

@@ -254,7 +254,7 @@ class HybridDrafter(Drafter):
     """
 
     method = "hybrid"
-    spec_argument = "draft:MODEL"
+    spec_argument = "draft:MODEL | medusa:DIR"
     takes_corpus = True
     #: trees (``num_tree_nodes``) where its model drafter drafts them, as the draft model and Medusa heads of its
     #: specs do (an instance takes its model drafter's)

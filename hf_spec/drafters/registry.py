@@ -1,11 +1,12 @@
 """One place that turns a drafter spec (``none``, ``ngram``, ``suffix``, ``draft:MODEL``, ``medusa:DIR``,
-``hybrid:draft:MODEL``) into a drafter.
+``hybrid:draft:MODEL``, ``hybrid:medusa:DIR``) into a drafter.
 
 The command line (``generate``, ``bench``, ``tune``), the benchmark and the demo all build their drafters
 here, so a spec means the same everywhere, is checked once, before any model loads, and gets one default k
 (:data:`~hf_spec.drafters.base.DEFAULT_NUM_SPECULATIVE_TOKENS`, or what the drafter knows better: 6 for a draft
-model, whose confidence stop makes k a cap, and for a hybrid built on one; a Medusa checkpoint's head count). Adding a drafter = one file with a :class:`~hf_spec.drafters.base.Drafter` subclass
-+ one line in :data:`DRAFTERS` (or :func:`register_drafter` from your own code).
+model, whose confidence stop makes k a cap, and for a hybrid built on one; a Medusa checkpoint's head count).
+Adding a drafter = one file with a :class:`~hf_spec.drafters.base.Drafter` subclass + one line in
+:data:`DRAFTERS` (or :func:`register_drafter` from your own code).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ class DrafterSpec:
 
 def drafter_specs() -> str:
     """The accepted spec forms, for messages and help: ``none``, then every registered drafter's name with its
-    argument (``none | ngram | suffix | hybrid:draft:MODEL | draft:MODEL | medusa:DIR`` with the built-in ones)."""
-    forms = [name if cls.spec_argument is None else f"{name}:{cls.spec_argument}" for name, cls in DRAFTERS.items()]
+    argument (``none | ngram | suffix | hybrid:draft:MODEL | hybrid:medusa:DIR | draft:MODEL | medusa:DIR`` with the
+    built-in ones)."""
+    forms = [name if cls.spec_argument is None else " | ".join(f"{name}:{a}" for a in cls.spec_argument.split(" | "))
+             for name, cls in DRAFTERS.items()]
     return " | ".join(["none"] + forms)
 
 
@@ -113,12 +116,14 @@ def make_drafter(spec: str | DrafterSpec | None, *, num_speculative_tokens: int 
     parsed = parse_drafter(spec, num_speculative_tokens) if not isinstance(spec, DrafterSpec) and spec is not None else spec
     if parsed is None:
         if corpus is not None:
-            raise ValueError("a corpus needs a drafter that drafts from one: --drafter suffix or hybrid:draft:MODEL")
+            raise ValueError("a corpus needs a drafter that drafts from one: --drafter suffix, hybrid:draft:MODEL or "
+                             "hybrid:medusa:DIR")
         return None
     extra = {}
     if corpus is not None:
         if not parsed.cls.takes_corpus:
-            raise ValueError(f"drafter {str(parsed)!r} does not draft from a corpus; use suffix or hybrid:draft:MODEL")
+            raise ValueError(f"drafter {str(parsed)!r} does not draft from a corpus; use suffix, hybrid:draft:MODEL or "
+                             "hybrid:medusa:DIR")
         extra["corpus"] = corpus
     drafter = parsed.cls.from_spec(parsed.argument, num_speculative_tokens=num_speculative_tokens, target=target,
                                    tokenizer=tokenizer, draft_dtype=draft_dtype, **extra)
