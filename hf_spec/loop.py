@@ -164,7 +164,8 @@ def generate(
             raise ValueError(
                 "custom_generate=hf_spec.generate takes its drafter as drafter=, and transformers drops "
                 "assistant_model= before this loop sees it: pass drafter=hf_spec.DraftModelDrafter(model), or call "
-                "hf_spec.enable_drafters(model) and pass assistant_model= without custom_generate")
+                "hf_spec.enable_drafters(model) and pass assistant_model= without custom_generate (a pipeline built "
+                "with assistant_model= passes it to every call: build it without one to pass drafter=)")
         if spec_streamer is not None:
             if streamer is not None and streamer is not spec_streamer:
                 raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
@@ -242,7 +243,8 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         raise ValueError(
             f"{type(model).__name__} is an encoder-decoder model; hf-spec decodes decoder-only causal language models "
             "(its loop verifies drafts against one self-attention cache, not a decoder's cross-attention over an "
-            "encoder's output): use plain model.generate(...) without custom_generate=hf_spec.generate")
+            "encoder's output): use plain model.generate(...) without hf-spec (no custom_generate=hf_spec.generate, "
+            "no drafter or assistant)")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
     if model.device.type == "meta":
@@ -272,7 +274,8 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             f"{stateful[0]} keeps state from call to call, as if it were called once per generated token for the "
             "whole batch (SynthID text watermarking: its n-gram context); speculative decoding processes several "
             "positions per step and each row of a batch on its own, so its output would silently differ. Generate "
-            "without custom_generate=hf_spec.generate for it (the Kirchenbauer watermark, "
+            "without hf-spec (no custom_generate=hf_spec.generate, no drafter or assistant) for it (the Kirchenbauer "
+            "watermark, "
             "watermarking_config=WatermarkingConfig(...), reads only the sequence and works with hf-spec)")
     if drafter is not None and not isinstance(drafter, Drafter):
         if isinstance(drafter, type) and issubclass(drafter, Drafter):
@@ -343,7 +346,8 @@ def _check_generation_mode(generation_config: GenerationConfig) -> None:
         return
     raise ValueError(
         f"{what} cannot be combined with speculative decoding, which reproduces greedy decoding or sampling "
-        "exactly; drop those settings, or call generate without custom_generate=hf_spec.generate")
+        "exactly; drop those settings, or call generate without hf-spec (no custom_generate=hf_spec.generate, no "
+        "drafter or assistant)")
 
 
 def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | None, *, streamer=None, **kwargs

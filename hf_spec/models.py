@@ -165,10 +165,13 @@ def check_name(name: str) -> None:
     local path, or a hub name of the form ``org/name``.
 
     Raises:
-        UnknownModelError: none of those, with the offline names.
+        UnknownModelError: none of those, with the offline names; a path to a file (a model is a folder).
     """
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
         raise UnknownModelError(f"no such folder: {name} (a local model is a folder with config.json and weights)")
+    if Path(name).expanduser().is_file():
+        raise UnknownModelError(f"{name} is a file; a local model is the folder that holds its config.json and "
+                                "weights: give that folder")
     if resolve_name(name) is None and not Path(name).expanduser().exists() and "/" not in name:
         raise UnknownModelError(
             f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "

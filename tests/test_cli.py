@@ -139,6 +139,14 @@ def test_corpus_files_text_and_jsonl(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": "abc \\ud83d def"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: .*lone surrogate \(\\ud83d\) at character 4"):
         read_corpus([tmp_path / "bad.jsonl"])
+    # an empty file drafts nothing, and an unreadable one is named (it was a bare "[Errno 5] Input/output error")
+    for empty in ("empty.txt", "empty.jsonl"):
+        (tmp_path / empty).write_text("\n\n")
+        with pytest.raises(ValueError, match=f"--corpus {tmp_path / empty} is empty"):
+            read_corpus([tmp_path / "doc.txt", tmp_path / empty])
+    if Path("/proc/self/mem").exists():
+        with pytest.raises(OSError, match="--corpus /proc/self/mem: cannot read it"):
+            read_corpus(["/proc/self/mem"])
 
 
 @slow
@@ -668,7 +676,7 @@ def test_prompt_files_with_text_no_tokenizer_takes(capsys, monkeypatch, tmp_path
     assert "standard input (--prompt-file -) is not UTF-8 text" in capsys.readouterr().err
 
 
-def test_bench_and_train_medusa_refuse_an_out_that_is_a_file(capsys, monkeypatch, tmp_path):
+def test_bench_train_medusa_and_quantize_refuse_an_out_they_cannot_make(capsys, monkeypatch, tmp_path):
     import hf_spec.models
 
     monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
@@ -676,10 +684,24 @@ def test_bench_and_train_medusa_refuse_an_out_that_is_a_file(capsys, monkeypatch
     out.write_text("keep me")
     text = tmp_path / "t.txt"
     text.write_text("some text to train on\n\nmore text")
-    for argv in (["bench", "--methods", "ngram"], ["train-medusa", "--data", str(text)]):
+    commands = (["bench", "--methods", "ngram"], ["train-medusa", "--data", str(text)], ["quantize"])
+    for argv in commands[:2]:
         assert cli.main([argv[0], "--target", "smollm2-135m", *argv[1:], "--out", str(out)]) == 2
         assert "an existing file; give a folder" in capsys.readouterr().err
-    assert out.read_text() == "keep me"
+    # a file where a parent folder should be, and a folder that cannot be written: refused before the work begins
+    # (bench found it after its first prompt had run with every method), nothing made
+    import hf_spec.quantize
+
+    monkeypatch.setattr(hf_spec.quantize, "quantize_awq", lambda *a, **k: pytest.fail("quantize began"))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    access = os.access  # root writes anywhere: the folder reads as read-only to the check, as to any other user
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else access(p, mode))
+    for argv in commands:
+        for bad, says in ((out / "sub", f"{out} is a file"), (locked / "a" / "b", "is not writable")):
+            assert cli.main([argv[0], "--target", "smollm2-135m", *argv[1:], "--out", str(bad)]) == 2, argv
+            assert says in capsys.readouterr().err, argv
+    assert out.read_text() == "keep me" and list(locked.iterdir()) == []
 
 
 def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):

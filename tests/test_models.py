@@ -30,9 +30,14 @@ def test_resolve_names():
     assert gemma.files[0].endswith(".gguf.part00") and gemma.files[3].endswith(".gguf.part03")
 
 
-def test_unknown_model_name_is_a_clear_error():
+def test_unknown_model_name_is_a_clear_error(tmp_path):
     with pytest.raises(hf_spec.UnknownModelError, match="unknown model 'no-such-model'.*smollm2-135m"):
         hf_spec.load("no-such-model")
+    # a file is no model (transformers said "not a valid JSON file", as a failure while running)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 8)
+    with pytest.raises(hf_spec.UnknownModelError, match="is a file; a local model is the folder"):
+        hf_spec.load(str(weights))
     with pytest.raises(hf_spec.UnknownModelError, match="known"):
         hf_spec.provision("no-such-model")
 

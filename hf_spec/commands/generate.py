@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -139,16 +140,23 @@ def check_sampling(args) -> None:
 
 
 def check_out_folder(out: str) -> Path:
-    """``--out`` of ``bench`` and ``train-medusa``: a folder (made if missing), checked before any model loads
-    (else an existing file is found once the work has begun, and an empty one is the current folder).
+    """``--out`` of ``bench``, ``train-medusa`` and ``quantize``: a folder (made if missing), checked before any model
+    loads (else an existing file, a file where a parent folder should be or a read-only place is found once the work
+    has begun, and an empty one is the current folder). Nothing is created here.
 
     Raises:
-        ValueError: ``out`` is empty or an existing file.
+        ValueError: ``out`` is empty or an existing file, or the nearest existing folder above it is a file or not
+            writable.
     """
     path = Path(out)
     if not out.strip() or (path.exists() and not path.is_dir()):
         raise ValueError(f"--out {out!r}: {'an existing file' if out.strip() else 'empty'}; give a folder (made if "
                          "missing)")
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--out {out!r}: {existing} is a file, so no folder can be made under it; give another --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out!r}: {existing} is not writable here; give a folder you can write to")
     return path
 
 
@@ -169,7 +177,8 @@ def read_corpus(paths) -> list[str] | None:
     logs them, for example), so the drafter never matches across two of them.
 
     Raises:
-        ValueError: a file that does not exist or is a folder, one that is not UTF-8 text, or a ``.jsonl`` line
+        OSError: a file that cannot be read (permissions, a device), named.
+        ValueError: a file that does not exist or is a folder, an empty one, one that is not UTF-8 text, or a ``.jsonl`` line
             that is not an object with a ``"text"`` string or whose text is not Unicode (a lone surrogate escape);
             the message names the file and line.
     """
@@ -188,6 +197,10 @@ def read_corpus(paths) -> list[str] | None:
             content = path.read_text(encoding="utf-8-sig" if jsonl else "utf-8")
         except UnicodeDecodeError:
             raise ValueError(f"--corpus {path} is not UTF-8 text") from None
+        except OSError as e:  # unreadable (permissions, a device): the file named, not a bare errno
+            raise OSError(f"--corpus {path}: cannot read it ({e.strerror or e})") from e
+        if not content.strip():
+            raise ValueError(f"--corpus {path} is empty: give files with text to draft from, or drop it")
         if not jsonl:
             texts.append(content)
             continue

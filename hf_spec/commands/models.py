@@ -44,7 +44,9 @@ def run_train_medusa(args) -> int:
 def run_quantize(args) -> int:
     """``hf-spec quantize``: an AWQ-INT4 checkpoint of a target (:func:`hf_spec.quantize.quantize_awq`)."""
     from ..quantize import quantize_awq
+    from .generate import check_out_folder
 
+    check_out_folder(args.out)  # else a file where a parent folder should be is found once calibration has begun
     out = quantize_awq(args.target, args.out, group_size=args.group_size, calibration=args.calibration,
                        num_texts=args.num_texts, max_chars=args.max_chars, device=args.device)
     print(f"AWQ-INT4 checkpoint written to {out}; use it as --target {out}")
