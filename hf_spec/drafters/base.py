@@ -169,7 +169,8 @@ class Drafter:
     head_rows_per_position: int = 0
     #: the most tokens the drafter can propose per step (``None``: no limit); bounds k and adaptive k
     max_num_speculative_tokens: int | None = None
-    #: what follows ``name:`` in a drafter spec (e.g. ``"MODEL"`` in ``draft:MODEL``); ``None``: no argument
+    #: what follows ``name:`` in a drafter spec (e.g. ``"MODEL"`` in ``draft:MODEL``), several forms separated by
+    #: ``" | "`` (the hybrid's ``"draft:MODEL | medusa:DIR"``); ``None``: no argument
     spec_argument: str | None = None
     #: True when :meth:`from_spec` takes ``corpus=`` (texts to draft from: ``--corpus FILE...``)
     takes_corpus: bool = False
