@@ -86,6 +86,8 @@ CORPUS_HELP = ("files the suffix drafter also drafts from (documents, code, earl
 K_HELP = ("k, tokens drafted per step: an integer >= 1 (default: the drafter's own, 3; 6 for draft:MODEL and "
           "hybrid:draft:MODEL, whose confidence stop makes k a cap; a Medusa checkpoint's head count), or auto: "
           "chosen before each step from running measurements, speculation switched off where it does not pay")
+REPETITION_HELP = ("> 0, the logits of tokens already in the text divided by it (1: none), greedy or sampled, as "
+                   "transformers' repetition_penalty; e.g. 1.05, as Qwen2.5-Instruct's generation config")
 JSON_HELP = ("print one JSON object on standard output: the result, or on failure {\"error\", \"error_type\", "
              "\"exit_status\"}")
 DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
@@ -118,6 +120,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
     p.add_argument("--top-p", type=float, default=None, help="sampling: nucleus probability mass in (0, 1]")
     p.add_argument("--top-k", type=int, default=None, help="sampling: keep only the K most likely tokens")
+    p.add_argument("--repetition-penalty", type=float, default=None, help=REPETITION_HELP)
     p.add_argument("--seed", type=int, default=0, help="random seed, set before each batch (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, at most (default 128)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -235,8 +238,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
     p.add_argument("--top-p", type=float, default=None, help="sampling (with --temperature): nucleus mass in (0, 1]")
     p.add_argument("--top-k", type=int, default=None, help="sampling (with --temperature): keep the K likeliest tokens")
-    p.add_argument("--repetition-penalty", type=float, default=None,
-                   help="sampling (with --temperature): e.g. 1.05, as Qwen2.5-Instruct's generation config")
+    p.add_argument("--repetition-penalty", type=float, default=None, help=REPETITION_HELP)
     p.add_argument("--repeats", type=int, default=1, help="runs per prompt and method; the median run is kept")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
                    help="compute dtype (default float32); auto = the fastest that is sound on the target's device")

@@ -635,7 +635,8 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     (["bench", "--methods", "ngram", "--out", ""], "--out '': empty"),
     # bench shares generate's sampling checks
     (["bench", "--methods", "ngram", "--out", "OUT", "--temperature", "nan"], "--temperature must be a finite number"),
-    (["bench", "--methods", "ngram", "--out", "OUT", "--repetition-penalty", "1.1"], "is a sampling setting"),
+    (["bench", "--methods", "ngram", "--out", "OUT", "--repetition-penalty", "0"], "--repetition-penalty must be a"),
+    (["generate", "--prompt", "hi", "--repetition-penalty", "inf"], "--repetition-penalty must be a finite number"),
     (["bench", "--methods", "ngram", "--out", "OUT", "--seed", str(10**23)], "--seed must fit in 64 bits"),
     (["bench", "--methods", "ngram", "--k-sweep", ",", "--out", "x"], "argument --k-sweep"),
     (["quantize", "--out", "OUT", "--group-size", "64", "--num-texts", "0"], "--num-texts must be >= 1"),
@@ -752,6 +753,33 @@ def test_a_metrics_port_in_use_is_refused_before_any_model_loads(capsys, monkeyp
         port = busy.getsockname()[1]
         assert cli.main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--prometheus-port", str(port)]) == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_generate_takes_a_repetition_penalty_greedy_or_sampled(capsys, monkeypatch, tokenizer):
+    """--repetition-penalty (what instruct checkpoints ship) reaches the speculative call and --compare's plain one,
+    under greedy decoding too, where transformers applies it as well; the output stays identical to plain decoding's
+    with the same penalty."""
+    import hf_spec.models
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer))
+    calls = []
+    real = model.generate
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs.get("repetition_penalty"))
+        return real(*args, **kwargs)
+
+    model.generate = recorded
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompt", "ab ab ab ab", "--compare",
+            "--max-new-tokens", "24", "--json", "--dtype", "float32"]
+    for penalty in (None, "3.0"):
+        calls.clear()
+        assert cli.main(argv + (["--repetition-penalty", penalty] if penalty else [])) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["identical_to_baseline"] is True
+        assert calls[-2:] == [float(penalty) if penalty else None] * 2  # the speculative call, then plain
 
 
 def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, monkeypatch, tokenizer):

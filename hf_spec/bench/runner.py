@@ -324,7 +324,8 @@ def run_bench(
             :func:`~hf_spec.drafters.registry.make_drafter`; ``hybrid:SPEC`` reuses SPEC's drafter when it runs too).
         corpus: texts for the drafters that draft from a corpus (``suffix``, ``hybrid:...``).
         sampling: with ``temperature > 0``, more sampling settings for every method, e.g. a shipped instruct
-            config's ``{"top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}``.
+            config's ``{"top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}``; its ``repetition_penalty`` applies
+            under greedy decoding too (where the rest would do nothing).
 
     Returns:
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
@@ -369,7 +370,8 @@ def run_bench(
         hf_draft, _ = load_draft_model(hf_names.pop(), target, draft_dtype)  # the same kind of draft as hf-spec's
     gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
     gen_kwargs.update(dict(temperature=temperature, **(sampling or {})) if temperature > 0
-                      else dict(temperature=None, top_p=None, top_k=None))
+                      else dict(temperature=None, top_p=None, top_k=None,  # a penalty changes greedy decoding too
+                                **{k: v for k, v in (sampling or {}).items() if k == "repetition_penalty"}))
 
     warm = chat_inputs(tokenizer, "Write one sentence about the sea.")
     for m in methods:  # one-time costs (allocations, kernels) land on nobody's measurement

@@ -119,9 +119,10 @@ def uses_a_draft_model(spec) -> bool:
 
 def check_sampling(args) -> None:
     """The sampling flags of ``generate`` and ``bench``: ``--temperature`` (finite, >= 0; NaN decoded greedily, inf
-    uniformly), ``--top-p`` in (0, 1], ``--top-k`` >= 1, ``--repetition-penalty`` > 0 (bench), none of them without
-    a temperature > 0 (greedy decoding would ignore them without a word), and ``--seed`` as torch takes it
-    (``torch.manual_seed`` overflows past 64 bits, after the model loaded).
+    uniformly), ``--top-p`` in (0, 1] and ``--top-k`` >= 1, neither without a temperature > 0 (greedy decoding would
+    ignore them without a word), ``--repetition-penalty`` > 0 (greedy or sampled: it changes the logits, as
+    transformers applies it in both), and ``--seed`` as torch takes it (``torch.manual_seed`` overflows past 64
+    bits, after the model loaded).
 
     Raises:
         ValueError: naming the flag and its range.
@@ -129,11 +130,11 @@ def check_sampling(args) -> None:
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError("--temperature must be a finite number >= 0 (0 decodes greedily)")
     flags = (("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"), ("--top-k", args.top_k, lambda v: v >= 1, ">= 1"),
-             ("--repetition-penalty", getattr(args, "repetition_penalty", None), lambda v: v > 0, "> 0"))
+             ("--repetition-penalty", args.repetition_penalty, lambda v: 0 < v < math.inf, "a finite number > 0"))
     for flag, value, ok, bound in flags:
         if value is not None and not ok(value):
             raise ValueError(f"{flag} must be {bound}")
-        if value is not None and args.temperature == 0:
+        if value is not None and args.temperature == 0 and flag != "--repetition-penalty":
             raise ValueError(f"{flag} is a sampling setting: give --temperature > 0 too")
     if not -2**63 <= args.seed < 2**64:
         raise ValueError(f"--seed must fit in 64 bits (e.g. 0 to {2**63 - 1}), got {args.seed}")
@@ -281,6 +282,8 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     from ..prompts import chat_inputs, check_context
 
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, tokenizer=tokenizer)
+    if args.repetition_penalty is not None:
+        gen_kwargs.update(repetition_penalty=args.repetition_penalty)
     if args.temperature > 0:
         gen_kwargs.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     else:
