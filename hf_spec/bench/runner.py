@@ -368,10 +368,11 @@ def run_bench(
     hf_names = {m.spec for m in methods if m.kind.startswith("hf-assisted")}
     if hf_names:  # a separate copy: hf-spec's drafter patches its draft's prefill (see kernels.py)
         hf_draft, _ = load_draft_model(hf_names.pop(), target, draft_dtype)  # the same kind of draft as hf-spec's
-    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0)
-    gen_kwargs.update(dict(temperature=temperature, **(sampling or {})) if temperature > 0
-                      else dict(temperature=None, top_p=None, top_k=None,  # a penalty changes greedy decoding too
-                                **{k: v for k, v in (sampling or {}).items() if k == "repetition_penalty"}))
+    warpers = dict(sampling or {})  # all but the repetition penalty, which changes greedy decoding too
+    penalty = {"repetition_penalty": warpers.pop("repetition_penalty")} if "repetition_penalty" in warpers else {}
+    gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, **penalty)
+    gen_kwargs.update(dict(temperature=temperature, **warpers) if temperature > 0
+                      else dict(temperature=None, top_p=None, top_k=None))
 
     warm = chat_inputs(tokenizer, "Write one sentence about the sea.")
     for m in methods:  # one-time costs (allocations, kernels) land on nobody's measurement

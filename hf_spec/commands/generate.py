@@ -129,13 +129,14 @@ def check_sampling(args) -> None:
     """
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError("--temperature must be a finite number >= 0 (0 decodes greedily)")
-    flags = (("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"), ("--top-k", args.top_k, lambda v: v >= 1, ">= 1"),
-             ("--repetition-penalty", args.repetition_penalty, lambda v: 0 < v < math.inf, "a finite number > 0"))
-    for flag, value, ok, bound in flags:
+    for flag, value, ok, bound in (("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+                                   ("--top-k", args.top_k, lambda v: v >= 1, ">= 1")):
         if value is not None and not ok(value):
             raise ValueError(f"{flag} must be {bound}")
-        if value is not None and args.temperature == 0 and flag != "--repetition-penalty":
+        if value is not None and args.temperature == 0:
             raise ValueError(f"{flag} is a sampling setting: give --temperature > 0 too")
+    if args.repetition_penalty is not None and not 0 < args.repetition_penalty < math.inf:
+        raise ValueError("--repetition-penalty must be a finite number > 0")
     if not -2**63 <= args.seed < 2**64:
         raise ValueError(f"--seed must fit in 64 bits (e.g. 0 to {2**63 - 1}), got {args.seed}")
 

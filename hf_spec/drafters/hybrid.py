@@ -264,7 +264,7 @@ class HybridDrafter(Drafter):
                  num_speculative_tokens: int | None = None, decay: float = 0.9):
         if not isinstance(model_drafter, Drafter) or isinstance(model_drafter, (SuffixDrafter, HybridDrafter)):
             hint = (f": build the hybrid from its spec, hf_spec.make_drafter('hybrid:draft:{model_drafter}', target=model, "
-                    "tokenizer=tokenizer) (or 'hybrid:medusa:HEADS')" if isinstance(model_drafter, str) else "")
+                    "tokenizer=tokenizer) (or 'hybrid:medusa:DIR')" if isinstance(model_drafter, str) else "")
             raise TypeError(f"model_drafter must be a model-based Drafter (draft model, Medusa), got "
                             f"{type(model_drafter).__name__}{hint}")
         suffix = SuffixDrafter() if suffix is None else suffix
