@@ -267,6 +267,18 @@ def _convert(gguf: Path, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
+def open_to_umask(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would have under this process's
+    umask (0o777 and 0o666 masked), before it is moved into a cache or an output folder: ``tempfile.mkdtemp`` makes
+    a private folder, and transformers' ``save_pretrained`` writes ``model.safetensors`` private (0o600), which other
+    users of a shared cache could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def provision(name: str) -> Path:
     """Return the local safetensors folder of a known offline model, building it once if needed.
 
@@ -304,6 +316,7 @@ def provision(name: str) -> Path:
         out = tmp / "model"
         _convert(gguf, out)
         (out / ".complete").write_text(model.sha256 + "\n")
+        open_to_umask(out)
         if final.exists():  # an incomplete leftover from an older version of this code
             shutil.rmtree(final)
         os.replace(out, final)

@@ -158,9 +158,9 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
             "num_texts": len(texts), "max_chars": max_chars, "device": device, "seconds": round(seconds, 1),
             "gptqmodel": _version("gptqmodel"), "torch": torch.__version__, "python": sys.version.split()[0],
         }, indent=2) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; the checkpoint is an ordinary folder
+        from .models import open_to_umask
+
+        open_to_umask(tmp)  # mkdtemp made it private; the checkpoint is an ordinary folder
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -86,6 +86,32 @@ def test_checksum_mismatch_leaves_no_cache_entry(tmp_path, monkeypatch):
     assert leftovers == []
 
 
+def test_a_provisioned_model_is_readable_by_everyone_the_umask_allows(tmp_path, monkeypatch):
+    """transformers' save_pretrained writes model.safetensors private (0o600): a new user's shared cache held a
+    model only its provisioner could read. Every file and folder of a provisioned model has the modes the umask
+    gives (as quantize's checkpoints do, through the same helper)."""
+    import os
+    import stat
+
+    from tests.conftest import tiny_llama
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    part = tmp_path / "part.gguf"
+    part.write_bytes(b"gguf")
+    monkeypatch.setattr(models, "_ensure_packages", lambda m: [part])
+    monkeypatch.setattr(models, "_check_file_sha256", lambda path, expected: None)
+    monkeypatch.setattr(models, "_convert", lambda gguf, dest: tiny_llama().save_pretrained(dest))
+    old = os.umask(0o022)
+    try:
+        final = hf_spec.provision("smollm2-135m")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [final, *final.iterdir()]}
+    assert "model.safetensors" in modes and ".complete" in modes
+    assert modes == {name: 0o755 if (final.parent / name == final or (final / name).is_dir()) else 0o644
+                     for name in modes}, modes
+
+
 def test_multi_part_assembly_checks_checksum(tmp_path):
     a, b = tmp_path / "a.bin", tmp_path / "b.bin"
     a.write_bytes(b"hello ")
