@@ -419,6 +419,10 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except UsageError as e:
         return _fail(e, EXIT_USAGE, as_json)
+    if not sys.stderr.isatty():  # a log, not a terminal: transformers' loading bars would fill it with \r fragments
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     from .commands import bench, generate, models
 
     commands = {"generate": generate.run, "bench": bench.run_bench_command, "tune": bench.run_tune,

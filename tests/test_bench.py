@@ -117,8 +117,9 @@ def test_a_speedup_that_tokens_per_forward_cannot_explain_is_flagged(tmp_path):
 
 def test_tune_flags_timings_another_process_distorted():
     """A new user's tune beside other work: T_1 = 1537 ms, a 3-position verify at 0.59 of it, and 38 ms in the next
-    run. A verify under MIN_VERIFY_COST of a plain step, or plain decoding's TPOT moving between the calibration and
-    the check, is flagged (one warning each); a quiet run's figures (AMX bfloat16: 0.95-1.14) are not."""
+    run. A verify under MIN_VERIFY_COST of a plain step, plain decoding's TPOT moving between the calibration and
+    the check, or a prediction far from its measurement, is flagged (one warning each); a quiet run's figures (AMX
+    bfloat16: 0.95-1.14; predictions within 2-24%) are not."""
     from hf_spec.bench import MIN_VERIFY_COST, tune_warnings
 
     quiet = [1.0, 0.95, 0.97, 1.02]
@@ -130,6 +131,10 @@ def test_tune_flags_timings_another_process_distorted():
     (drift,) = tune_warnings(quiet, 1.537, 0.038)
     assert "from 1537 ms (calibration) to 38 ms (check)" in drift
     assert len(tune_warnings(slowed, 1.537, 0.038)) == 2
+    # a third's: 0.65x predicted, 0.07x measured (+814%), T_1 and the verify costs plausible in both runs
+    assert tune_warnings(quiet, 0.19, 0.2, {2: 0.24, 3: -0.2}) == []
+    (missed,) = tune_warnings(quiet, 0.19, 0.2, {1: 0.1, 2: 8.14, 3: -0.4})
+    assert missed.startswith("the prediction missed the measured speedup by +814% at k = 2, -40% at k = 3,")
 
 
 def test_model_check_uses_the_runs_own_measurements():

@@ -782,6 +782,74 @@ def test_generate_takes_a_repetition_penalty_greedy_or_sampled(capsys, monkeypat
         assert calls[-2:] == [float(penalty) if penalty else None] * 2  # the speculative call, then plain
 
 
+def test_generate_compare_flags_a_speedup_the_tokens_per_forward_cannot_explain(capsys, monkeypatch, tokenizer):
+    """A new user's --compare beside other work printed 5.54x at 0% acceptance with no word: the speedup over plain
+    decoding, when more than the tokens per target forward can give (bench's check, :func:`speedup_warning`), comes
+    with a warning on stderr and in the JSON; a plausible one gets none."""
+    import itertools
+
+    import hf_spec.device
+    import hf_spec.models
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer))
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompt", "ab ab ab ab", "--compare",
+            "--max-new-tokens", "16", "--json", "--dtype", "float32"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["warnings"] == [] and "warning" not in captured.err
+    ticks = itertools.count(step=1000.0)  # every clock reading 1,000 s after the last: plain decoding "took" 1,000 s
+    monkeypatch.setattr(hf_spec.device, "clock", lambda device=None: next(ticks))
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    (warning,) = json.loads(captured.out)["warnings"]
+    assert warning.startswith("speculative decoding: ") and "tokens per target forward is more than speculation" in warning
+    assert f"hf-spec: warning: {warning}" in captured.err
+
+
+def test_generate_streams_text_output_one_prompt_at_a_time(capsys, monkeypatch, tokenizer, tmp_path):
+    """A new user watched the main job print nothing for minutes: with text output and one prompt a batch the answer
+    is streamed as it is generated (transformers' TextStreamer, to the speculative call only) and printed once,
+    before its figures; batches say which prompts run; --json streams nothing; a --batch-size above the number of
+    prompts is said. Where stderr is no terminal (a log), transformers' loading bars are off."""
+    import hf_spec.models
+    from transformers import TextStreamer
+    from transformers.utils import logging as hf_logging
+
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(vocab_size=len(tokenizer))
+    streamers = []
+    real = model.generate
+
+    def recorded(*args, **kwargs):
+        streamers.append(kwargs.get("streamer"))
+        return real(*args, **kwargs)
+
+    model.generate = recorded
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--compare", "--max-new-tokens", "12",
+            "--dtype", "float32"]
+    hf_logging.enable_progress_bar()
+    assert cli.main(argv + ["--prompt", "ab ab ab ab"]) == 0
+    assert not hf_logging.is_progress_bar_enabled()  # stderr is no terminal here: no "Loading weights" bars in logs
+    hf_logging.enable_progress_bar()
+    out, err = capsys.readouterr()
+    assert isinstance(streamers[-2], TextStreamer) and streamers[-1] is None  # the speculative call, then plain
+    assert "batch size 1" in out and "--batch-size" not in err
+    answer = out.split("-" * 60)[0]
+    assert answer.strip() and out.count(answer.strip()) == 1  # streamed, not printed again
+    assert cli.main(argv + ["--prompt", "ab ab ab ab", "--json"]) == 0
+    assert streamers[-2] is None and json.loads(capsys.readouterr().out)["new_tokens"] > 0
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "ab ab"}\n{"prompt": "cd cd cd"}\n')
+    assert cli.main(argv + ["--prompt-file", str(f), "--batch-size", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert streamers[-2] is None and out.count("-" * 60) == 2
+    assert "--batch-size 3 with 2 prompt(s): batches of 2" in err and "generating prompts 1-2 of 2" in err
+
+
 def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, monkeypatch, tokenizer):
     """A prompt that with its new tokens runs past the model's positions wrote garbage for minutes (found in the
     demo, which refuses it too): generate says so before any generation, naming the prompt and the most new tokens

@@ -13,7 +13,8 @@ from ..metrics import SpecStats
 from .runner import Method, parse_methods
 
 __all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
-           "load_results", "decode_time_per_token", "timing_warnings", "tune_warnings", "MIN_VERIFY_COST"]
+           "load_results", "decode_time_per_token", "speedup_warning", "timing_warnings", "tune_warnings",
+           "MIN_VERIFY_COST", "TPOT_DRIFT", "PREDICTION_SPREAD"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
         "mean_accepted_length", "acceptance_by_position", "identical_fraction")
@@ -152,26 +153,34 @@ def speedup_vs_k(summary: dict, methods: list[Method]) -> dict:
 MIN_VERIFY_COST = 1 / 3
 
 
+def speedup_warning(name: str, speedup: float | None, tokens_per_forward: float | None,
+                    plain_tpot_s: float) -> str | None:
+    """A warning when ``speedup`` (over plain decoding, measured in one run) is more than ``tokens_per_forward``
+    tokens per target forward can explain: above ``tokens_per_forward / MIN_VERIFY_COST``, plain decoding, not
+    the method, was slow in that run (another process on the cores: a new user's 2-core run measured 18.98x at 1.2
+    tokens per forward beside a test suite). ``None`` where the speedup is possible or either number is missing.
+
+    Args:
+        name: what ran, for the message.
+        plain_tpot_s: plain decoding's time per output token in the run (seconds), for the message.
+    """
+    if not speedup or not tokens_per_forward or speedup <= tokens_per_forward / MIN_VERIFY_COST:
+        return None
+    return (f"{name}: {speedup:.2f}x with {tokens_per_forward:.2f} tokens per target forward is more than speculation "
+            f"can give (a verify forward costs at least ~{MIN_VERIFY_COST:.2g} of a plain step): plain decoding was "
+            f"slowed in this run (its TPOT {plain_tpot_s * 1000:.0f} ms), most likely by another process on the "
+            "cores; rerun with the machine to itself")
+
+
 def timing_warnings(summary: dict) -> list[str]:
-    """Warnings for speedups that the method's tokens per target forward cannot explain: a speedup (median of the
-    prompts' or on total time) above ``mean_accepted_length / MIN_VERIFY_COST`` says that plain decoding, not the
-    method, was slow in this run (another process on the cores: a new user's 2-core run measured 18.98x at 1.2
-    tokens per forward beside a test suite). Empty where every speedup is possible or nothing says how many
-    tokens a forward gave."""
+    """:func:`speedup_warning` for every method of a bench summary (the larger of its median and total-time
+    speedups); empty where every speedup is possible or nothing says how many tokens a forward gave."""
     base = summary.get("baseline")
-    warnings = []
-    for name, m in summary.items():
-        tokens = m.get("mean_accepted_length")
-        if name == "baseline" or not tokens or base is None:
-            continue
-        speedup = max(m["speedup_median"], m["speedup_total"])
-        if speedup > tokens / MIN_VERIFY_COST:
-            warnings.append(
-                f"{name}: {speedup:.2f}x with {tokens:.2f} tokens per target forward is more than speculation can "
-                f"give (a verify forward costs at least ~{MIN_VERIFY_COST:.2g} of a plain step): plain decoding was "
-                f"slowed in this run (its TPOT {base['tpot_s'] * 1000:.0f} ms), most likely by another process on "
-                "the cores; rerun with the machine to itself")
-    return warnings
+    if base is None:
+        return []
+    found = (speedup_warning(name, max(m["speedup_median"], m["speedup_total"]), m.get("mean_accepted_length"),
+                             base["tpot_s"]) for name, m in summary.items() if name != "baseline")
+    return [w for w in found if w]
 
 
 #: plain decoding's TPOT in ``hf-spec tune``'s check run over its calibration run's, outside which the machine's
@@ -179,13 +188,21 @@ def timing_warnings(summary: dict) -> list[str]:
 TPOT_DRIFT = (0.8, 1.25)
 
 
-def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None) -> list[str]:
+#: ``hf-spec tune``'s predicted speedup over its measured one, outside which a measurement is off (a quiet run's
+#: predictions land within 2-24%: docs/benchmarks.md, "The speedup model against measurement")
+PREDICTION_SPREAD = (1 / 1.5, 1.5)
+
+
+def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None,
+                  prediction_errors: dict | None = None) -> list[str]:
     """Warnings for ``hf-spec tune`` measurements that something else on the machine distorted: a verify of k + 1
     positions under :data:`MIN_VERIFY_COST` of a plain step (``verify_cost[k]``, over ``t_plain_s``, plain
     decoding's TPOT in the calibration; no forward of k + 1 positions is that much cheaper than one of a single
     position: plain decoding was slowed), and, with ``t_check_s`` (plain decoding's TPOT in the check run), a
-    TPOT that moved outside :data:`TPOT_DRIFT` between the two runs. A new user's tune beside other work once
-    measured T_1 = 1537 ms and T(3)/T(1) = 0.59, and 38 ms in the next run."""
+    TPOT that moved outside :data:`TPOT_DRIFT` between the two runs, and with ``prediction_errors`` (``{k:
+    predicted / measured - 1}`` of the check run) a prediction outside :data:`PREDICTION_SPREAD` of its
+    measurement. A new user's tune beside other work once measured T_1 = 1537 ms and T(3)/T(1) = 0.59, and 38 ms
+    in the next run; another predicted 0.65x where 0.07x was measured, with neither of the other two signs."""
     warnings = [f"a verify of {k + 1} positions measured {verify_cost[k]:.2f} of a plain step, less than any forward "
                 f"of {k + 1} positions costs (~{MIN_VERIFY_COST:.2g} at least): plain decoding was slowed in the "
                 f"calibration (T_1 = {t_plain_s * 1000:.0f} ms), most likely by another process on the cores; rerun "
@@ -195,6 +212,14 @@ def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None)
                         f"{t_check_s * 1000:.0f} ms (check): the machine's speed changed between the two runs, most "
                         "likely another process on the cores; the predictions rest on the first, so rerun with the "
                         "machine to itself")
+    off = {k: e for k, e in (prediction_errors or {}).items()
+           if not PREDICTION_SPREAD[0] <= 1 + e <= PREDICTION_SPREAD[1]}
+    if off:
+        warnings.append("the prediction missed the measured speedup by " + ", ".join(
+            f"{e:+.0%} at k = {k}" for k, e in sorted(off.items())) + ", where a quiet run's predictions land within "
+            "~25%: the machine's speed changed during the runs (another process on the cores), or the drafter "
+            "drafts differently in the check than in the calibration; rerun with the machine to itself before "
+            "trusting the best k")
     return warnings
 
 

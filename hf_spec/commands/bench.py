@@ -170,7 +170,8 @@ def run_tune(args) -> int:
                 "identical_fraction": summary[m.name]["identical_fraction"],
                 "prediction_error": predicted[m.k] / decode - 1,
             }
-    result["warnings"] = tune_warnings(verify, t_plain, t_check)
+    result["warnings"] = tune_warnings(verify, t_plain, t_check,
+                                       {k: m["prediction_error"] for k, m in result["measured"].items()})
     for warning in result["warnings"]:
         print(f"hf-spec tune: warning: {warning}", file=sys.stderr)
     if args.json:

@@ -67,10 +67,13 @@ def run(args) -> int:
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
               "batch_size": min(args.batch_size, len(prompts))}
     if args.json:
-        result = dict(rows[0], config=config) if len(rows) == 1 else {"config": config, "rows": rows, **totals}
+        result = (dict(rows[0], config=config, **({"warnings": totals["warnings"]} if "warnings" in totals else {}))
+                  if len(rows) == 1 else {"config": config, "rows": rows, **totals})
         print(json.dumps(result, indent=2), flush=True)
     else:
-        _print_text(args, rows, totals, config)
+        _print_text(args, rows, totals, config, streamed=_streams(args, prompts))
+    for warning in totals.get("warnings", []):
+        print(f"hf-spec: warning: {warning}", file=sys.stderr)
     if args.prometheus_port is not None and args.prometheus_hold > 0:
         print(f"hf-spec: serving the metrics {args.prometheus_hold:g} s more", file=sys.stderr)
         time.sleep(args.prometheus_hold)
@@ -276,6 +279,7 @@ def _serve_metrics(args):
 def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) -> tuple[list[dict], dict]:
     """Every prompt, ``--batch-size`` at a time, speculative then (``--compare``) plain; one row per prompt."""
     import torch
+    from transformers import TextStreamer
 
     from ..device import clock
     from ..loop import generate as spec_generate
@@ -302,16 +306,25 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     model.generate(**warm, max_new_tokens=2, do_sample=False, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
                    tokenizer=tokenizer, **trees)
 
+    if args.batch_size > len(prompts):
+        print(f"hf-spec: --batch-size {args.batch_size} with {len(prompts)} prompt(s): batches of {len(prompts)} (a "
+              "text --prompt-file holds one prompt; a .jsonl file one a line)", file=sys.stderr)
+    stream = _streams(args, prompts)
     rows, spec_s, base_s = [], 0.0, 0.0
     for first in range(0, len(prompts), args.batch_size):
         texts = prompts[first:first + args.batch_size]
         inputs = chat_inputs(tokenizer, texts, args.chat)
         prompt_len = inputs["input_ids"].shape[1]
+        if not args.json and not stream:
+            print(f"hf-spec: generating prompts {first + 1}-{first + len(texts)} of {len(prompts)} ...", file=sys.stderr)
         torch.manual_seed(args.seed)
+        streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
         out = model.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, event_listeners=listeners,
-                             num_speculative_tokens=k_call, **trees, **gen_kwargs)
+                             num_speculative_tokens=k_call, streamer=streamer, **trees, **gen_kwargs)
         spec_s += out.stats.total_s
         if args.compare:
+            if not args.json:
+                print("hf-spec: plain decoding of the same prompt(s), for --compare ...", file=sys.stderr)
             torch.manual_seed(args.seed)
             t0 = clock(model.device)
             base = model.generate(**inputs, **gen_kwargs)
@@ -351,13 +364,28 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                     row["baseline_total_s"] = batch_base_s
                     row["speedup"] = _speedup(row["tokens_per_s"], row["baseline_tokens_per_s"])
             rows.append(row)
+            if stream:  # the answer is out: its figures follow it
+                _print_row(args, row, streamed=True)
     total_new = sum(r["new_tokens"] for r in rows)
     totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
     if args.compare:
         totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
         totals["speedup"] = _speedup(totals["tokens_per_s"], totals["baseline_tokens_per_s"])
         totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
+        if drafter is not None:  # the bench's check: a speedup that the tokens per target forward cannot explain
+            from ..bench import speedup_warning
+
+            tokens_per_forward = sum(r["mean_accepted_length"] * r["new_tokens"] for r in rows) / max(1, total_new)
+            warning = speedup_warning("speculative decoding", totals["speedup"], tokens_per_forward,
+                                      base_s / max(1, sum(r["baseline_new_tokens"] for r in rows)))
+            totals["warnings"] = [warning] if warning else []
     return rows, totals
+
+
+def _streams(args, prompts: list[str]) -> bool:
+    """Whether the answers are printed as they are generated (transformers' ``TextStreamer``): text output, one
+    prompt at a time."""
+    return not args.json and min(args.batch_size, len(prompts)) == 1
 
 
 def _speedup(tokens_per_s: float, baseline_tokens_per_s: float) -> float | None:
@@ -365,21 +393,35 @@ def _speedup(tokens_per_s: float, baseline_tokens_per_s: float) -> float | None:
     return tokens_per_s / baseline_tokens_per_s if tokens_per_s > 0 and baseline_tokens_per_s > 0 else None
 
 
-def _print_text(args, rows: list[dict], totals: dict, config: dict) -> None:
-    for row in rows:
+def _print_text(args, rows: list[dict], totals: dict, config: dict, streamed: bool = False) -> None:
+    """The answers with their figures, then the totals and the settings; ``streamed``: the answers and their figures
+    were printed as they were generated (:func:`_print_row`), only the totals are left."""
+    if not streamed:
+        for row in rows:
+            _print_row(args, row)
+    _print_totals(args, rows, totals, config)
+
+
+def _print_row(args, row: dict, streamed: bool = False) -> None:
+    """One answer (unless ``streamed``: already printed) and its figures: tokens, acceptance, TTFT, TPOT, and under
+    ``--compare`` identity and the first difference."""
+    if not streamed:
         print(row["text"])
-        print("-" * 60)
-        print(f"{row['new_tokens']} tokens | acceptance rate {row['acceptance_rate']:.1%} | mean accepted length "
-              f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
-        if args.compare:
-            print(f"identical to plain decoding: {row['identical_to_baseline']}"
-                  + (" (sampling: a speculative and a plain run draw different samples of the same distribution; "
-                     "token identity is a greedy check)" if args.temperature > 0 else ""))
-            diff = row.get("first_difference")
-            if diff:
-                print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
-                      f"{diff['speculative']!r}; the target's logits there {diff['plain_logit']:.4g} vs "
-                      f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): {diff['verdict']}")
+    print("-" * 60)
+    print(f"{row['new_tokens']} tokens | acceptance rate {row['acceptance_rate']:.1%} | mean accepted length "
+          f"{row['mean_accepted_length']:.2f} | TTFT {row['ttft_s']:.2f}s | TPOT {row['tpot_s'] * 1000:.0f} ms")
+    if args.compare:
+        print(f"identical to plain decoding: {row['identical_to_baseline']}"
+              + (" (sampling: a speculative and a plain run draw different samples of the same distribution; "
+                 "token identity is a greedy check)" if args.temperature > 0 else ""))
+        diff = row.get("first_difference")
+        if diff:
+            print(f"  first difference at new token {diff['new_token']}: plain {diff['plain']!r}, speculative "
+                  f"{diff['speculative']!r}; the target's logits there {diff['plain_logit']:.4g} vs "
+                  f"{diff['speculative_logit']:.4g} (gap {diff['logit_gap']:.3g}): {diff['verdict']}")
+
+
+def _print_totals(args, rows: list[dict], totals: dict, config: dict) -> None:
     total_new = sum(r["new_tokens"] for r in rows)
     print(f"total: {total_new} tokens at {totals['tokens_per_s']:.2f} tok/s", end="")
     if args.compare:
