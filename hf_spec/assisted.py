@@ -48,7 +48,10 @@ def enable_drafters(model):
       down to 1 tokens.
     - ``generate(..., assistant_model=<hf-spec Drafter>)`` runs that drafter.
 
-    The settings may come from the call or from the generation config (the model's or ``generation_config=``).
+    The settings may come from the call or from the generation config (the model's or ``generation_config=``);
+    for a draft model, ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` and
+    ``assistant_confidence_threshold`` also from the draft's own generation config, where transformers 5 reads
+    them (the call's win over the draft's, the draft's over the target model's).
     A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), and every call without
     an assistant, go to transformers' own ``generate`` unchanged.
 
@@ -107,12 +110,23 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
     elif assistant is not None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
-        threshold = setting("assistant_confidence_threshold")
-        k = setting("num_assistant_tokens")
+
+        def assistant_setting(key):
+            # transformers 5 reads these from the assistant's own generation config (AssistedCandidateGenerator):
+            # the call's first here (keyword, then its generation_config=), then the assistant's, then the target's
+            given = kwargs.get("generation_config")
+            for source in (kwargs.get(key), getattr(given, key, None),
+                           getattr(getattr(assistant, "generation_config", None), key, None)):
+                if source is not None:
+                    return source
+            return getattr(model.generation_config, key, None)
+
+        threshold = assistant_setting("assistant_confidence_threshold")
+        k = assistant_setting("num_assistant_tokens")
         k = None if k is None else check_num_speculative_tokens(k, "num_assistant_tokens")
         drafter = DraftModelDrafter(assistant, k,
                                     **({} if threshold is None else {"confidence_threshold": float(threshold)}))
-        if setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
+        if assistant_setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
             kwargs["num_speculative_tokens"] = "auto"
     elif lookup is not None:
         drafter = NgramDrafter(check_num_speculative_tokens(lookup, "prompt_lookup_num_tokens"),
@@ -157,6 +171,7 @@ def generate(self, *args, **kwargs):
             raise ValueError("this call names two drafters: assistant_model= (or prompt_lookup_num_tokens=) and "
                              "drafter=; pass one of them")
         kwargs.pop("drafter", None)
+        _refuse_unrunnable(self, kwargs)
         streamer, spec_streamer = kwargs.pop("streamer", None), kwargs.pop("spec_streamer", None)
         if streamer is not None and spec_streamer is not None and streamer is not spec_streamer:
             raise ValueError("pass one streamer: streamer= or spec_streamer=, not both")
@@ -171,6 +186,26 @@ def generate(self, *args, **kwargs):
             criteria.append(StopStringCriteria(tokenizer, stop_strings))
             kwargs["stopping_criteria"] = criteria
         return original(custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
+
+
+def _refuse_unrunnable(model, kwargs: dict) -> None:
+    """Refuse what an assisted call asks that transformers would not hand to a custom decoding loop: continuous
+    batching (``cache_implementation="paged"``: generate switches to it before any loop runs, and would drop the
+    drafter without a word where transformers' own generate refuses an assistant), and token healing (transformers
+    drops ``tokenizer=`` for a custom loop, then fails asking for it).
+
+    Raises:
+        ValueError: saying what to do instead.
+    """
+    if kwargs.get("cache_implementation") == "paged":
+        raise ValueError("cache_implementation='paged' switches generate to continuous batching, which runs no "
+                         "assistant (transformers refuses assistant_model there too): drop cache_implementation for "
+                         "speculative decoding, or drop the assistant for continuous batching")
+    config = kwargs.get("generation_config") or model.generation_config
+    if kwargs.get("token_healing") or (kwargs.get("token_healing") is None and getattr(config, "token_healing", False)):
+        raise ValueError("token_healing needs the tokenizer inside generate, which transformers does not hand to a "
+                         "custom decoding loop such as hf-spec's: heal the prompt first, "
+                         "input_ids = model.heal_tokens(input_ids, tokenizer), then generate without token_healing")
 
 
 def _by_name(function, args: tuple, kwargs: dict) -> dict:

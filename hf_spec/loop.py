@@ -37,7 +37,8 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import RaggedCache, check_cache_layers, check_tree_model, crop_cache_to, positions_from_slots
+from .ragged import (RaggedCache, check_cache_layers, check_key_selection, check_tree_model, crop_cache_to,
+                     positions_from_slots, slot_window)
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -130,7 +131,10 @@ def generate(
             streamer with batch size > 1; or a cache that cannot be cropped; a draft tree on a model that cannot
             place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
             an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
-            (:func:`~hf_spec.ragged.positions_from_slots`: MPT).
+            (:func:`~hf_spec.ragged.positions_from_slots`: MPT); a batch or a tree on a model whose layers window
+            attention by cache slot (:func:`~hf_spec.ragged.slot_window`: GPT-Neo's local layers); a call on Doge
+            that passes its ``keep_window_size`` (:func:`~hf_spec.ragged.check_key_selection`); an offloaded
+            cache with a batch.
 
     Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
     stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
@@ -140,9 +144,10 @@ def generate(
     # (5.x): take it from generate's frame, so the tokens and end() reach it and a TextIteratorStreamer ends
     caller = _calling_generate()
     if caller is not None:
-        # the call's own arguments only: generate fills its defaults into a prepared config (num_assistant_tokens=20,
-        # ...), and enable_drafters maps these settings (a model's generation config may keep them for it)
-        if keys := [key for key in ASSISTED_SETTINGS if (caller.get("kwargs") or {}).get(key) is not None]:
+        # the call's own settings only, as keyword arguments or in its generation_config=: generate fills its
+        # defaults into a prepared config (num_assistant_tokens=20, ...), and enable_drafters maps these settings
+        # (a model's generation config may keep them for it)
+        if keys := _assisted_settings_of_call(model, caller, generation_config):
             raise ValueError(
                 f"custom_generate=hf_spec.generate does not read transformers' own assisted-generation settings "
                 f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
@@ -206,6 +211,20 @@ def _calling_generate() -> dict | None:
             return frame.f_locals
         frame = frame.f_back
     return None
+
+
+def _assisted_settings_of_call(model, caller: dict, generation_config: GenerationConfig) -> list[str]:
+    """The :data:`ASSISTED_SETTINGS` that a ``generate`` call set itself: as keyword arguments, or in a
+    ``generation_config=`` it passed (read in the prepared config, where generate also fills its own defaults,
+    num_assistant_tokens=20 and the like, and the model's generation config's: a value that differs from what
+    generate prepares for a call that sets nothing came from the call)."""
+    keys = [key for key in ASSISTED_SETTINGS if (caller.get("kwargs") or {}).get(key) is not None]
+    try:
+        untouched = model._prepare_generation_config(None)[0]  # what a call that sets nothing gets
+    except Exception:  # another transformers: the keyword arguments still count
+        return keys
+    return keys + [key for key in ASSISTED_SETTINGS if key not in keys and getattr(generation_config, key, None)
+                   is not None and getattr(generation_config, key, None) != getattr(untouched, key, None)]
 
 
 def _synced_gpus(model, caller: dict | None) -> bool:
@@ -304,6 +323,11 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                 "only up to bfloat16 near-ties. For float32 exactness call "
                 "hf_spec.quantization.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
+    if cache is not None and getattr(cache, "offloading", False) and input_ids.shape[0] > 1:
+        raise ValueError(
+            "cache_implementation='offloaded' (layers offloaded to the CPU between forwards) with a batch: hf-spec "
+            "decodes a batch in a per-row cache of its own, which does not offload, so the memory you chose to save "
+            "would be spent; decode one sequence per call with an offloaded cache, or drop cache_implementation")
     if cache is not None:
         check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
     if cache is not None and cache.get_seq_length() > 0:
@@ -399,13 +423,20 @@ def _speculative_decode(
             "biases or learned positions counted from the cache), so the slots a batch leaves empty where a row "
             "rejected drafts would move its later tokens: decode one sequence per call (batch size 1) with this "
             "model, or use plain generate for the batch")
+    if drafter is not None and bsz > 1 and (window := slot_window(model)) is not None:
+        raise ValueError(
+            f"{type(model).__name__}'s local attention layers keep a window of {window} cache slots (not positions), "
+            "so the slots a batch leaves empty where a row rejected drafts would narrow a row's window: decode one "
+            "sequence per call (batch size 1) with this model, or use plain generate for the batch")
+    if drafter is not None:
+        check_key_selection(model, generation_config.max_length)
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     if stopping_criteria is None or len(stopping_criteria) == 0:
         raise ValueError("stopping_criteria must include a max length; call through model.generate")
     device = model.device
-    input_ids = input_ids.to(device)
+    input_ids = input_ids.to(device, torch.long)  # generate's output is int64 whatever the prompt's integer dtype
     pad_len = _left_padding(attention_mask, input_ids)
     do_sample = bool(generation_config.do_sample)
     max_length = generation_config.max_length

@@ -38,7 +38,7 @@ from transformers.generation.utils import ALL_CACHE_NAMES
 from .kernels import measure_attention_choices, one_query_mask_pays, packed_attention, packed_attention_pays
 
 __all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg", "check_tree_model",
-           "positions_from_slots"]
+           "positions_from_slots", "slot_window", "check_key_selection"]
 
 #: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
 #: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
@@ -149,12 +149,45 @@ def positions_from_slots(model) -> bool:
     return not takes_position_ids(model) and model.config.get_text_config().model_type not in MASK_POSITION_MODEL_TYPES
 
 
+def slot_window(model) -> int | None:
+    """The window, in cache slots, of a model whose layers mask attention by slot distance inside their own forward
+    (beyond the 4D mask and ``position_ids`` hf-spec passes), or ``None``: GPT-Neo's ``local`` layers keep the
+    ``window_size`` slots before each query (a ``bias`` buffer indexed by slot). One sequence decoded as a chain
+    keeps slots equal to positions (rejected drafts are cropped), so it stays exact; a batch's holes and a tree's
+    sibling slots would narrow the window, so both are refused for such a model."""
+    text = model.config.get_text_config()
+    if text.model_type == "gpt_neo" and "local" in (getattr(text, "attention_layers", None) or []):
+        return int(text.window_size)
+    return None
+
+
+def check_key_selection(model, max_length: int) -> None:
+    """Refuse a call whose attention would select keys per forward: Doge's dynamic mask keeps the top
+    ``keep_window_size`` keys of each query once more are visible, and which those are depends on the forward
+    (verified here: a verify forward of several positions picks other keys than plain decoding's steps from the
+    first token on). Up to ``keep_window_size`` visible keys (a ``max_length`` within it: every query sees at most
+    ``max_length`` tokens, holes and tree siblings masked) it selects nothing, and hf-spec is exact.
+
+    Raises:
+        ValueError: ``max_length`` above the model's ``keep_window_size``, saying what fits.
+    """
+    text = model.config.get_text_config()
+    window = getattr(text, "keep_window_size", None) if text.model_type == "doge" else None
+    if window is not None and max_length > window:
+        raise ValueError(
+            f"{type(model).__name__} keeps the top keep_window_size={window} keys of each query by a dynamic mask once "
+            f"more are visible, and which keys depends on the forward: a verify forward of several positions selects "
+            f"others than plain decoding's steps, so output would silently differ. This call reaches {max_length} "
+            f"tokens: keep the prompt plus max_new_tokens within {window}, or decode with plain model.generate")
+
+
 def check_tree_model(model) -> None:
     """Refuse a model on which a draft tree would not be exact or would not run: a tree's nodes sit at the
     positions of their depth (siblings share one) and see their ancestors only, through a custom 4D mask and
     ``position_ids``. So the attention implementation must take a 4D mask (``sdpa``, ``eager``), the forward must
-    take ``position_ids``, and positions must not come from ALiBi biases that the model derives from the 2D mask
-    or the cache slots (Bloom, MPT, Falcon with ``alibi=True``).
+    take ``position_ids``, positions must not come from ALiBi biases that the model derives from the 2D mask
+    or the cache slots (Bloom, MPT, Falcon with ``alibi=True``), and no window may count cache slots
+    (:func:`slot_window`: GPT-Neo's local layers).
 
     Raises:
         ValueError: naming what the model does and what to do instead (draft chains, or another implementation).
@@ -169,6 +202,10 @@ def check_tree_model(model) -> None:
         raise ValueError(f"a draft tree puts sibling nodes at the same position, which {name} cannot express: its "
                          "forward takes no position_ids (it counts positions from the cache); draft chains with this "
                          "model (drop num_tree_nodes)")
+    if (window := slot_window(model)) is not None:
+        raise ValueError(f"a draft tree puts sibling nodes in cache slots of their own, and {name}'s local attention "
+                         f"layers keep a window of {window} cache slots (not positions), which siblings would narrow: draft "
+                         "chains with this model (drop num_tree_nodes)")
     impl = text._attn_implementation
     if impl not in WINDOW_MASK_IMPLEMENTATIONS:
         raise ValueError(f"a draft tree needs a custom 4D attention mask, which hf-spec builds for the 'sdpa' and "

@@ -103,6 +103,12 @@ def main() -> int:
         "| a batch with a drafter on a model that places keys by cache slot (no `position_ids`: MPT, decoders whose "
         "learned positions count the cache) | a rejected draft's empty slot would move the row's later tokens | "
         "`tests/test_tree_loop.py` |",
+        "| a batch or a draft tree on a model whose layers window attention by cache slot (GPT-Neo's `local` layers) "
+        "| a batch's empty slots and a tree's sibling slots would narrow the window; one sequence as a chain keeps "
+        "slots equal to positions and is exact | `tests/test_conformance.py` (GPT-Neo row) |",
+        "| a call on Doge whose prompt plus `max_new_tokens` passes its `keep_window_size` | past it Doge's dynamic "
+        "mask keeps the top keys per forward, and a verify forward of several positions picks others than plain "
+        "decoding's steps | `tests/test_conformance.py` (Doge row) |",
     ]
     out = ROOT / "docs" / "conformance.md"
     with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as f:

@@ -65,6 +65,12 @@ class Arch:
     target_rows: int | None = None
     #: for an architecture hf-spec refuses: what the refusal must say
     refusal: str = ""
+    #: for one hf-spec decodes one sequence at a time, as chains only: what its refusal of batches and trees must say
+    batch_refusal: str = ""
+
+    def refused(self, batch: str, kind: str) -> str:
+        """What the refusal of this cell must say; "" for a cell that must be exact."""
+        return self.refusal or (self.batch_refusal if batch != "single" or kind == TREE_COLUMN else "")
 
 
 ARCHITECTURES = [
@@ -100,6 +106,13 @@ ARCHITECTURES = [
                                     moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                     **{**_LLAMA_LIKE, "num_hidden_layers": 4}),
          tf.Qwen3NextForCausalLM, "3 gated delta-net layers, 1 full", refusal="LinearAttentionLayer"),
+    Arch("GPT-Neo (local attention)",
+         lambda: tf.GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+                                 window_size=WINDOW, max_position_embeddings=256, **_COMMON),
+         tf.GPTNeoForCausalLM, f"local window of {WINDOW} cache slots, passed",
+         batch_refusal=f"window of {WINDOW} cache slots"),
+    Arch("Doge (dynamic mask)", lambda: tf.DogeConfig(keep_window_size=WINDOW, **_LLAMA_LIKE), tf.DogeForCausalLM,
+         f"keeps the top {WINDOW} keys, passed", refusal=f"keep_window_size={WINDOW}"),
     Arch("Qwen2, padded vocabulary", lambda: tf.Qwen2Config(**_LLAMA_LIKE), tf.Qwen2ForCausalLM,
          f"target {VOCAB + 8} logit rows, draft {VOCAB}", target_rows=VOCAB + 8),
 ]

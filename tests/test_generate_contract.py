@@ -247,6 +247,55 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     assert hf_spec.disable_drafters(model) is model  # a second call changes nothing
 
 
+def test_the_assistants_own_generation_config_sets_k_and_the_confidence_stop(tiny, monkeypatch):
+    """transformers 5 reads num_assistant_tokens and assistant_confidence_threshold from the assistant model's own
+    generation config; enable_drafters ignored it there (a break-it tester's calls drafted 6 where the draft's config
+    said 2). The draft's config now counts, below the call's own settings."""
+    target, draft = tiny
+    draft = pickle.loads(pickle.dumps(draft))
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    thresholds = []
+    wrapped = hf_spec.DraftModelDrafter.draft
+    monkeypatch.setattr(hf_spec.DraftModelDrafter, "draft",
+                        lambda self, rows, k: thresholds.append(self.confidence_threshold) or wrapped(self, rows, k))
+    draft.generation_config.num_assistant_tokens = 2
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    kw = dict(max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(PROMPT, assistant_model=draft, **kw)
+    assert max(out.stats.k_per_step) == 2 and set(thresholds) == {0.0}
+    assert torch.equal(out.sequences, target.generate(PROMPT, max_new_tokens=16, do_sample=False))
+    thresholds.clear()
+    out = model.generate(PROMPT, assistant_model=draft, num_assistant_tokens=4, assistant_confidence_threshold=0.5, **kw)
+    assert max(out.stats.k_per_step) == 4 and set(thresholds) == {0.5}  # the call's own win
+
+
+def test_what_generate_would_not_hand_to_the_loop_is_refused_or_kept(tiny):
+    """Found by a break-it tester, each silent before: assisted settings inside a generation_config= passed to
+    custom_generate=hf_spec.generate (the keyword was refused, the config's ran without drafting); an offloaded cache
+    with a batch (decoded in hf-spec's own cache, which does not offload); after enable_drafters, continuous batching
+    (cache_implementation="paged" ran plain, dropping the assistant) and token healing (transformers' misleading
+    error about a tokenizer the call passed); an int32 prompt (returned int32, where generate returns int64)."""
+    target, draft = tiny
+    with pytest.raises(ValueError, match=r"does not read transformers' own assisted-generation settings "
+                                         r"\(prompt_lookup_num_tokens\)"):
+        target.generate(PROMPT, GenerationConfig(prompt_lookup_num_tokens=3, max_new_tokens=8),
+                        custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
+    mask = BATCH_MASK
+    with pytest.raises(ValueError, match="offloaded.*with a batch"):
+        target.generate(BATCH, attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="offloaded",
+                        custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    with pytest.raises(ValueError, match="continuous batching, which runs no assistant"):
+        model.generate(PROMPT, assistant_model=draft, max_new_tokens=8, cache_implementation="paged")
+    with pytest.raises(ValueError, match=r"heal the prompt first, input_ids = model.heal_tokens"):
+        model.generate(PROMPT, assistant_model=draft, max_new_tokens=8, token_healing=True)
+    plain = target.generate(PROMPT.int(), max_new_tokens=8, do_sample=False)
+    for out in (target.generate(PROMPT.int(), max_new_tokens=8, do_sample=False, custom_generate=hf_spec.generate,
+                                drafter=hf_spec.NgramDrafter(3)),
+                model.generate(PROMPT.int(), assistant_model=draft, max_new_tokens=8, do_sample=False)):
+        assert out.dtype == plain.dtype == torch.long and torch.equal(out, plain)
+
+
 # ---- the Hub custom_generate folder and pipelines ------------------------------------------------------
 
 def test_hub_custom_generate_folder_loads_from_a_path(tiny, text_pair, tokenizer):

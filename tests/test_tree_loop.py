@@ -880,3 +880,32 @@ def test_alibi_models_refuse_trees_before_any_work_and_decode_chains_exactly(arc
         out = target.generate(**inputs, **chain)
         assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens  # accepted and rejected: holes
         assert out.sequences.tolist() == ref.tolist()
+
+
+def test_doge_is_exact_within_its_keep_window_and_refused_past_it():
+    """Doge's dynamic mask keeps the top keep_window_size keys of each query once more are visible, and which keys
+    depends on the forward: a break-it tester found greedy output differing from plain generate's at the first new
+    token (keep_window_size=8, an 11-token prompt, one sequence, a chain). Within the window it selects nothing:
+    chains, a left-padded batch and trees are token-identical; a call that can pass it is refused before any
+    forward, saying what fits."""
+    import transformers as tf
+
+    from . import conformance as C
+
+    arch = C.Arch("Doge", lambda: tf.DogeConfig(keep_window_size=40, **C._LLAMA_LIKE), tf.DogeForCausalLM)
+    target, draft = C.build(arch), C.build(arch, noise=C.DRAFT_NOISE)
+    calls = []
+    target.register_forward_pre_hook(lambda *a: calls.append(1))
+    for inputs in (dict(input_ids=torch.tensor([C.PROMPT])), C.batch_inputs()):
+        ref = target.generate(**inputs, max_new_tokens=20, do_sample=False)  # 11 + 20 tokens: within 40
+        for nodes in (None, 6):
+            out = target.generate(**inputs, max_new_tokens=20, do_sample=False, custom_generate=hf_spec.generate,
+                                  return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(draft, 3),
+                                  num_tree_nodes=nodes)
+            assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
+            assert out.sequences.tolist() == ref.tolist(), (inputs["input_ids"].shape, nodes)
+    calls.clear()
+    with pytest.raises(ValueError, match=r"keep_window_size=40 keys.*reaches 41 tokens.*within 40"):
+        target.generate(input_ids=torch.tensor([C.PROMPT]), max_new_tokens=30, do_sample=False,
+                        custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
+    assert not calls  # before any work

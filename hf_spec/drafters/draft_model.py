@@ -160,9 +160,12 @@ class DraftModelDrafter(Drafter):
             raise VocabularyMismatchError(
                 f"vocabulary mismatch: target {target.name_or_path or type(target).__name__} has {t_vocab} logit rows, "
                 f"draft {self.draft_model.name_or_path or type(self.draft_model).__name__} has {d_vocab}. Models of "
-                "one family often pad their vocabularies differently: pass tokenizer= and draft_tokenizer= so that "
-                "hf-spec can compare the tokenizers (the command line does); a draft with another tokenizer cannot "
-                "draft for this target"
+                "one family often pad their vocabularies differently: build the drafter with both tokenizers, "
+                "hf_spec.DraftModelDrafter(draft, tokenizer=..., draft_tokenizer=...) (as drafter= or "
+                "assistant_model=), so that hf-spec can compare them (the command line does). A draft with another "
+                "tokenizer cannot draft for this target in hf-spec; transformers' own universal assisted decoding "
+                "takes one: generate(..., assistant_model=draft, tokenizer=..., assistant_tokenizer=...), which "
+                "enable_drafters leaves to transformers"
             )
         self._target_vocab = t_vocab
         # compute per token relative to the target's (for catch_up_cost): non-embedding parameters, the prefill's
