@@ -729,6 +729,27 @@ def test_an_unreadable_bench_journal_is_a_usage_error(tmp_path, content):
         _Journal(path, "key").load()
 
 
+def test_a_bench_journal_with_other_settings_is_refused_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    import hf_spec.models
+    from hf_spec.bench import parse_methods
+    from hf_spec.bench.runner import _Journal, check_journal, journal_settings
+    from hf_spec.prompts import load_questions
+
+    questions = load_questions(categories=["coding"], per_category=1)
+    settings = journal_settings(parse_methods("ngram", [2]), questions, max_new_tokens=8, temperature=0.0,
+                                sampling=None, repeats=1, seed=0, corpus=None)
+    journal = tmp_path / "out" / ".progress.json"
+    _Journal(journal, dict(settings, target="t", dtype="torch.float32")).save([])
+    check_journal(journal, settings)  # the same settings resume (the model's own are checked after it loads)
+    with pytest.raises(ValueError, match=r"other settings \(max_new_tokens\)"):
+        check_journal(journal, dict(settings, max_new_tokens=9))
+    # the command refuses it before loading the target (it used to, after a model load of seconds to minutes)
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    status = cli.main(["bench", "--target", "smollm2-135m", "--methods", "ngram", "--categories", "coding",
+                       "--per-category", "1", "--max-new-tokens", "9", "--out", str(journal.parent)])
+    assert status == 2 and "holds a partial run with other settings" in capsys.readouterr().err
+
+
 def test_json_errors_only_for_the_commands_that_have_json(capsys):
     """bench has no --json: argparse's error on standard error, not a JSON object on standard output."""
     status = cli.main(["bench", "--target", "smollm2-135m", "--methods", "ngram", "--out", "x", "--json"])

@@ -244,31 +244,69 @@ def _name_differences(target, tokenizer, prompt, kept: dict) -> None:
         run["first_difference"] = diff
 
 
+def journal_settings(methods: list[Method], questions: list[Question], *, max_new_tokens: int, temperature: float,
+                     sampling: dict | None, repeats: int, seed: int, corpus) -> dict:
+    """The settings of a bench run that are known before any model loads, as the journal's key holds them
+    (:func:`run_bench` adds the target's name, dtype and device and the draft's dtype)."""
+    method_keys = [[m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec]
+                   for m in methods]
+    return {"methods": method_keys, "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
+            "temperature": temperature, "sampling": sampling or {}, "repeats": repeats, "seed": seed,
+            "corpus": _digest(corpus)}
+
+
+def check_journal(path: str | Path, settings: dict) -> None:
+    """Refuse, before any model loads, a bench journal at ``path`` (if there is one) that cannot be resumed with
+    ``settings`` (a subset of its key, e.g. from :func:`journal_settings`).
+
+    Raises:
+        ValueError: the journal is unreadable, or was written with other settings (which ones are named).
+    """
+    _Journal(path, settings).check()
+
+
 class _Journal:
     """Each finished prompt's measurements, saved atomically as JSON as the run goes, under a key of the run's
     settings: a run with the same settings resumes from it; other settings are refused. (JSON, not pickle: the
     file sits in a folder the user names, and reading it must not run code.)"""
 
-    def __init__(self, path: str | Path | None, key: str):
+    def __init__(self, path: str | Path | None, key: dict):
         self.path = Path(path) if path is not None else None
         self.key = key
 
-    def load(self) -> dict[str, dict]:
+    def _read(self) -> dict | None:
         if self.path is None or not self.path.exists():
-            return {}
+            return None
         try:
             state = json.loads(self.path.read_text())
-            prompts = {p["question_id"]: p for p in state["prompts"]}
-            for p in prompts.values():
+            state["prompts"] = {p["question_id"]: p for p in state["prompts"]}
+            for p in state["prompts"].values():
                 for run in p["runs"].values():
                     if "stats" in run:
                         run["stats"] = SpecStats(**run["stats"])
         except Exception as e:  # truncated, or not a journal
             raise ValueError(f"{self.path} is not a readable bench journal ({type(e).__name__}); delete it (the run "
                              "starts over) or use another --out") from None
-        if state.get("key") != self.key:
-            raise ValueError(f"{self.path} holds a partial run with other settings; use another --out or delete it")
-        return prompts
+        return state
+
+    def check(self, state: dict | None = None) -> None:
+        """Raise ``ValueError`` if the journal was written under settings other than this key's (those it names)."""
+        state = self._read() if state is None else state
+        if state is None:
+            return
+        saved = state.get("key")
+        saved = saved if isinstance(saved, dict) else {}  # an older journal's key: every setting counts as changed
+        changed = [name for name, value in self.key.items() if saved.get(name) != value]
+        if changed:
+            raise ValueError(f"{self.path} holds a partial run with other settings ({', '.join(changed)}); "
+                             "use another --out or delete it")
+
+    def load(self) -> dict[str, dict]:
+        state = self._read()
+        if state is None:
+            return {}
+        self.check(state)
+        return state["prompts"]
 
     def save(self, prompts: list[dict]) -> None:
         if self.path is None:
@@ -331,19 +369,15 @@ def run_bench(
         ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
 
     Raises:
-        ValueError: no questions, or repeats < 1, or a journal written with other settings.
+        ValueError: no questions, or repeats < 1, or a journal written with other settings (which ones are named).
     """
     from tqdm import tqdm
 
-    method_keys = [(m.name, m.kind, m.k if isinstance(m.k, (int, str, type(None))) else type(m.k).__name__, m.spec)
-                   for m in methods]
     # everything a measurement depends on: a resumed run with any of it changed is refused, not mixed in
-    key = json.dumps({"target": getattr(target, "name_or_path", ""), "methods": method_keys,
-                      "questions": [q.question_id for q in questions], "max_new_tokens": max_new_tokens,
-                      "temperature": temperature, "sampling": sampling or {}, "repeats": repeats,
-                      "draft_dtype": str(resolve_draft_dtype(target.dtype, draft_dtype, target.device)),
-                      "dtype": str(target.dtype), "device": str(target.device), "seed": seed,
-                      "corpus": _digest(corpus)})
+    key = journal_settings(methods, questions, max_new_tokens=max_new_tokens, temperature=temperature,
+                           sampling=sampling, repeats=repeats, seed=seed, corpus=corpus)
+    key.update(target=getattr(target, "name_or_path", ""), dtype=str(target.dtype), device=str(target.device),
+               draft_dtype=str(resolve_draft_dtype(target.dtype, draft_dtype, target.device)))
     saved = _Journal(journal, key)
     done = saved.load()
     if not questions:

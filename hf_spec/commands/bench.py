@@ -13,9 +13,11 @@ def run_bench_command(args) -> int:
     """``hf-spec bench``: every method beside plain decoding on Spec-Bench prompts; writes ``--out``.
 
     Raises:
-        ValueError: bad methods, settings or categories (before any model loads).
+        ValueError: bad methods, settings or categories, or a partial run in ``--out`` with other settings (before
+            any model loads).
     """
     from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
+    from ..bench.runner import check_journal, journal_settings
     from ..device import draft_dtype as _draft_dtype
     from ..device import check_draft_dtype, machine_info, main_device, resolve_device_map, resolve_dtype
     from ..models import load
@@ -48,6 +50,11 @@ def run_bench_command(args) -> int:
     questions = load_questions(args.questions, categories=cats, per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
+    journal = Path(args.out) / ".progress.json"  # an interrupted run resumes from it (same command)
+    # a partial run with other settings is refused now, not after the model loads (run_bench checks the rest)
+    check_journal(journal, journal_settings(methods, questions, max_new_tokens=args.max_new_tokens,
+                                            temperature=args.temperature, sampling=sampling, repeats=args.repeats,
+                                            seed=args.seed, corpus=corpus))
     device_map = resolve_device_map(args.device_map)
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
@@ -55,7 +62,6 @@ def run_bench_command(args) -> int:
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
     # the record of the code and machine as the run starts (a long run's report is written after later commits)
     machine = machine_info()
-    journal = Path(args.out) / ".progress.json"  # an interrupted run resumes from it (same command)
     try:
         raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, repeats=args.repeats, draft_dtype=args.draft_dtype,
