@@ -18,7 +18,7 @@ import logging
 import types
 
 import torch
-from transformers import StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
 from .drafters.base import Drafter, check_num_speculative_tokens
 from .drafters.draft_model import DraftModelDrafter
@@ -48,12 +48,14 @@ def enable_drafters(model):
       down to 1 tokens.
     - ``generate(..., assistant_model=<hf-spec Drafter>)`` runs that drafter.
 
-    The settings may come from the call or from the generation config (the model's or ``generation_config=``);
+    The settings may come from the call or from the generation config (``generation_config=``, whose unset values
+    come from the model's, as ``generate`` merges them);
     for a draft model, ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` and
     ``assistant_confidence_threshold`` also from the draft's own generation config, where transformers 5 reads
     them (the call's win over the draft's, the draft's over the target model's).
-    A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), and every call without
-    an assistant, go to transformers' own ``generate`` unchanged.
+    A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), a draft model with
+    ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), and
+    every call without an assistant, go to transformers' own ``generate`` unchanged.
 
     The call returns what ``generate`` returns: the sequences tensor, or with ``return_dict_in_generate=True``
     a :class:`hf_spec.loop.SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput``: ``sequences``,
@@ -79,8 +81,10 @@ def disable_drafters(model):
 
 def drafter_for(model, kwargs: dict) -> Drafter | None:
     """The hf-spec drafter that stands for a ``generate`` call's transformers assistant settings, or ``None``
-    when the call asks for none (or for one hf-spec cannot run exactly). Removes the settings it used from
-    ``kwargs``.
+    when the call asks for none, or for what transformers' own assisted generation runs and hf-spec does not: another
+    tokenizer's assistant (``assistant_tokenizer=``) or lossy ensemble verification (``assistant_ensemble_weight``
+    with a draft model). Removes the settings it used from ``kwargs``. Settings are read as ``generate`` merges
+    them (:func:`call_config`).
 
     Args:
         model: the target.
@@ -89,16 +93,25 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
     Both ``assistant_model`` and ``prompt_lookup_num_tokens``: prompt lookup, as transformers (with a warning).
 
     Raises:
-        ValueError: a k < 1, or stop strings in the model's own generation config (transformers merges them into
+        ValueError: a k < 1; ``assistant_ensemble_weight`` with prompt lookup or an hf-spec drafter as the assistant;
+            or stop strings in the model's own generation config (transformers merges them into
             every call and cannot build them for a custom loop; the message says how to move them to the call).
     """
-    config = kwargs.get("generation_config") or model.generation_config
+    config = call_config(model, kwargs)
 
     def setting(key):
         return kwargs[key] if kwargs.get(key) is not None else getattr(config, key, None)
 
     assistant = kwargs.get("assistant_model")
     lookup = setting("prompt_lookup_num_tokens")
+    if setting("assistant_ensemble_weight") is not None and (assistant is not None or lookup is not None):
+        # transformers' lossy ensemble verification (w * p_target + (1 - w) * q_draft), which hf-spec does not do
+        if isinstance(assistant, torch.nn.Module) and lookup is None:
+            return None  # the caller asked for it by name: transformers' own assisted generation runs it
+        raise ValueError("assistant_ensemble_weight (transformers' lossy ensemble verification) needs a draft model's "
+                         "logits inside transformers' own assisted generation; it runs with assistant_model=<a model> "
+                         "and no prompt lookup, while hf-spec's drafters verify losslessly: drop "
+                         "assistant_ensemble_weight, or pass a draft model as assistant_model")
     if assistant is not None and lookup is not None:  # transformers then runs prompt lookup
         logger.warning("hf_spec: both assistant_model and prompt_lookup_num_tokens=%s are set; as transformers' "
                        "generate, the call runs prompt lookup (n-gram) and does not use the assistant", lookup)
@@ -111,19 +124,27 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
 
-        def assistant_setting(key):
+        def assistant_setting(key, where=False):
             # transformers 5 reads these from the assistant's own generation config (AssistedCandidateGenerator):
             # the call's first here (keyword, then its generation_config=), then the assistant's, then the target's
             given = kwargs.get("generation_config")
-            for source in (kwargs.get(key), getattr(given, key, None),
-                           getattr(getattr(assistant, "generation_config", None), key, None)):
-                if source is not None:
-                    return source
-            return getattr(model.generation_config, key, None)
+            for source, value in (("", kwargs.get(key)), (" (in the call's generation_config)", getattr(given, key, None)),
+                                  (" (in the draft's generation_config)",
+                                   getattr(getattr(assistant, "generation_config", None), key, None)),
+                                  (" (in the model's generation_config)", getattr(model.generation_config, key, None))):
+                if value is not None:
+                    return (value, source) if where else value
+            return (None, "") if where else None
 
         threshold = assistant_setting("assistant_confidence_threshold")
-        k = assistant_setting("num_assistant_tokens")
-        k = None if k is None else check_num_speculative_tokens(k, "num_assistant_tokens")
+        k, source = assistant_setting("num_assistant_tokens", where=True)
+        if k is not None:
+            try:
+                k = check_num_speculative_tokens(k, "num_assistant_tokens")
+            except ValueError:
+                raise ValueError(f"num_assistant_tokens{source} must be an integer >= 1, got {k!r}: it is the draft's "
+                                 "k; use 1..12 (3 is a good start), or drop assistant_model= to decode without "
+                                 "speculation") from None
         drafter = DraftModelDrafter(assistant, k,
                                     **({} if threshold is None else {"confidence_threshold": float(threshold)}))
         if assistant_setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
@@ -188,6 +209,19 @@ def generate(self, *args, **kwargs):
         return original(custom_generate=spec_generate, drafter=drafter, spec_streamer=streamer, **kwargs)
 
 
+def call_config(model, kwargs: dict) -> GenerationConfig:
+    """The generation config a ``generate`` call runs under, before transformers' global defaults: the model's
+    ``generation_config`` for a call without ``generation_config=``; else a copy of the call's with each unset
+    (``None``) value taken from the model's, as ``GenerationMixin._prepare_generation_config`` merges them
+    (transformers 5)."""
+    given = kwargs.get("generation_config")
+    if given is None:
+        return model.generation_config
+    merged = copy.deepcopy(given)
+    merged.update(**model.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+    return merged
+
+
 def _refuse_unrunnable(model, kwargs: dict) -> None:
     """Refuse what an assisted call asks that transformers would not hand to a custom decoding loop: continuous
     batching (``cache_implementation="paged"``: generate switches to it before any loop runs, and would drop the
@@ -201,7 +235,7 @@ def _refuse_unrunnable(model, kwargs: dict) -> None:
         raise ValueError("cache_implementation='paged' switches generate to continuous batching, which runs no "
                          "assistant (transformers refuses assistant_model there too): drop cache_implementation for "
                          "speculative decoding, or drop the assistant for continuous batching")
-    config = kwargs.get("generation_config") or model.generation_config
+    config = call_config(model, kwargs)
     if kwargs.get("token_healing") or (kwargs.get("token_healing") is None and getattr(config, "token_healing", False)):
         raise ValueError("token_healing needs the tokenizer inside generate, which transformers does not hand to a "
                          "custom decoding loop such as hf-spec's: heal the prompt first, "

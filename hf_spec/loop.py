@@ -134,7 +134,7 @@ def generate(
             (:func:`~hf_spec.ragged.positions_from_slots`: MPT); a batch or a tree on a model whose layers window
             attention by cache slot (:func:`~hf_spec.ragged.slot_window`: GPT-Neo's local layers); a call on Doge
             that passes its ``keep_window_size`` (:func:`~hf_spec.ragged.check_key_selection`); an offloaded
-            cache with a batch.
+            cache where hf-spec decodes in a cache of its own (a batch, or a sliding-window model).
 
     Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
     stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
@@ -152,7 +152,10 @@ def generate(
                 f"custom_generate=hf_spec.generate does not read transformers' own assisted-generation settings "
                 f"({', '.join(keys)}): pass drafter= (e.g. hf_spec.NgramDrafter() for prompt lookup, "
                 "hf_spec.DraftModelDrafter(draft) for an assistant model) and num_speculative_tokens=k (or \"auto\"), "
-                "or call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate")
+                "or call hf_spec.enable_drafters(model) and keep transformers' arguments without custom_generate"
+                + ("; assistant_ensemble_weight is transformers' lossy ensemble verification, which hf-spec does not "
+                   "do (it verifies losslessly): enable_drafters hands such a call to transformers' own assisted "
+                   "generation" if "assistant_ensemble_weight" in keys else ""))
     if synced_gpus or _synced_gpus(model, caller):
         raise ValueError(
             "synced_gpus=True (set by generate under DeepSpeed ZeRO-3 or FSDP with several processes) keeps the "
@@ -323,11 +326,6 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                 "only up to bfloat16 near-ties. For float32 exactness call "
                 "hf_spec.quantization.honor_bitsandbytes_compute_dtype(model) right after loading, or load with "
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
-    if cache is not None and getattr(cache, "offloading", False) and input_ids.shape[0] > 1:
-        raise ValueError(
-            "cache_implementation='offloaded' (layers offloaded to the CPU between forwards) with a batch: hf-spec "
-            "decodes a batch in a per-row cache of its own, which does not offload, so the memory you chose to save "
-            "would be spent; decode one sequence per call with an offloaded cache, or drop cache_implementation")
     if cache is not None:
         check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
     if cache is not None and cache.get_seq_length() > 0:
@@ -341,7 +339,7 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
 #: maps the ones it knows and drops them all before the loop runs
 ASSISTED_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
                      "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_lookbehind",
-                     "target_lookbehind", "assistant_early_exit", "use_mtp")
+                     "target_lookbehind", "assistant_early_exit", "use_mtp", "assistant_ensemble_weight")
 
 
 #: transformers' logits processors that keep state from call to call (they assume one call per generated token for
@@ -540,6 +538,13 @@ def _speculative_decode(
     # different counts (holes) and leave when done, a layout no later forward can read, so a batch decodes in a
     # cache of its own and the caller's stays empty: a later call given it recomputes the prompt (exact)
     ragged = RaggedCache(model.config, bsz, device, cache if bsz == 1 else None)
+    if cache is not None and getattr(cache, "offloading", False) and ragged.cache is not cache:
+        own = ("a batch in a per-row cache of its own" if bsz > 1 else "a sliding-window model in a cache of its own "
+               "that keeps every slot (rejected drafts roll back past the window)")
+        raise ValueError(
+            f"cache_implementation='offloaded' (layers offloaded to the CPU between forwards): hf-spec decodes {own}, "
+            "which does not offload, so the memory you chose to save would be spent; drop cache_implementation"
+            + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)

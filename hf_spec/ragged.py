@@ -84,19 +84,35 @@ def layer_kinds(config, cache) -> list[str]:
     return kinds
 
 
-def check_cache_layers(config, cache) -> None:
+#: what a cache layer class that :func:`check_cache_layers` refuses holds, in words
+_LAYER_WORDS = {"DummyLayer": "keys and values shared from another layer, or no attention",
+                "DynamicIndexedLayer": "indexed key selection",
+                "chunked_attention": "attention within fixed chunks"}
+
+
+def check_cache_layers(config, cache, role: str = "target") -> None:
     """Refuse a model whose cache has layers other than full or sliding-window attention (:func:`layer_kinds`).
 
+    Args:
+        config: the model's config.
+        cache: a fresh ``DynamicCache(config=config)`` (or the caller's).
+        role: ``"target"`` (the advice: plain ``generate``) or ``"draft"`` (the advice: another drafter).
+
     Raises:
-        ValueError: naming the layer kinds, saying to decode with plain ``generate``.
+        ValueError: naming the layer kinds (with what they hold), saying what to do instead.
     """
     unsupported = sorted(set(layer_kinds(config, cache)) - {"full_attention", "sliding_attention"})
     if unsupported:
+        named = ", ".join(f"{kind} ({_LAYER_WORDS[kind]})" if kind in _LAYER_WORDS else
+                          f"{kind} (recurrent state)" if "Linear" in kind else kind for kind in unsupported)
+        advice = ("decode this target with plain model.generate" if role == "target" else
+                  "draft with another model of the target's tokenizer, or with a model-free drafter "
+                  "(NgramDrafter, SuffixDrafter)")
         raise ValueError(
-            f"this model has layers of kind {', '.join(unsupported)}: hf-spec rolls the cache back after rejected "
+            f"the {role} model has layers of kind {named}: hf-spec rolls the cache back after rejected "
             "drafts and masks each row by itself, which it can do for full and sliding-window attention only "
-            "(not for chunked attention, linear attention or other recurrent states); decode this model with "
-            "plain model.generate")
+            "(not for chunked attention, linear attention or other recurrent states, or shared key-value layers); "
+            f"{advice}")
 
 
 #: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
@@ -230,6 +246,7 @@ class RaggedCache:
         device: where the masks live (the model's device).
         cache: an empty ``DynamicCache`` whose layer types are used (e.g. the one ``generate`` prepared); a new
             one when ``None``. A sliding-window cache is replaced by one of full layers.
+        role: ``"target"`` or ``"draft"``: whose cache this is, for the refusal's advice (:func:`check_cache_layers`).
 
     Raises:
         ValueError: before any work, for a model with layers other than full and sliding-window attention
@@ -244,10 +261,10 @@ class RaggedCache:
         window: the sliding window W in tokens, or ``None``.
     """
 
-    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None):
+    def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None, role: str = "target"):
         # what the model's layers are, from the config (a caller's empty DynamicCache() has no layers yet)
         reference = DynamicCache(config=config)
-        check_cache_layers(config, reference)
+        check_cache_layers(config, reference, role)
         windows = {layer.sliding_window for layer in reference.layers if getattr(layer, "sliding_window", None)}
         self.window = min(windows) if windows else None
         cache = cache if cache is not None else reference

@@ -231,9 +231,11 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     assert set(thresholds) == {0.2}
 
     # a bad setting is named as the call gave it (it was blamed on num_speculative_tokens, which it never passed)
-    for bad in ({"prompt_lookup_num_tokens": 0}, {"assistant_model": draft, "num_assistant_tokens": 0}):
+    # (for an assistant, unset is its default k: no speculation is no assistant)
+    for bad, advice in (({"prompt_lookup_num_tokens": 0}, "leave it unset"),
+                        ({"assistant_model": draft, "num_assistant_tokens": 0}, "drop assistant_model=")):
         with pytest.raises(ValueError, match=f"{[key for key in bad if key != 'assistant_model'][0]} must be an "
-                                             "integer >= 1, got 0.*leave it unset"):
+                                             f"integer >= 1, got 0.*{advice}"):
             model.generate(PROMPT, **bad, **kw)
 
     # set permanently on the model, as transformers reads it too
@@ -281,7 +283,7 @@ def test_what_generate_would_not_hand_to_the_loop_is_refused_or_kept(tiny):
         target.generate(PROMPT, GenerationConfig(prompt_lookup_num_tokens=3, max_new_tokens=8),
                         custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
     mask = BATCH_MASK
-    with pytest.raises(ValueError, match="offloaded.*with a batch"):
+    with pytest.raises(ValueError, match="offloaded.*a batch in a per-row cache"):
         target.generate(BATCH, attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="offloaded",
                         custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
     model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
@@ -294,6 +296,64 @@ def test_what_generate_would_not_hand_to_the_loop_is_refused_or_kept(tiny):
                                 drafter=hf_spec.NgramDrafter(3)),
                 model.generate(PROMPT.int(), assistant_model=draft, max_new_tokens=8, do_sample=False)):
         assert out.dtype == plain.dtype == torch.long and torch.equal(out, plain)
+
+
+def test_enable_drafters_reads_settings_as_generate_merges_them(tiny):
+    """Found by a second break-it pass: a call's generation_config= hid the model's own generation config from
+    enable_drafters (transformers merges the model's values into every unset one), so the model's prompt lookup ran
+    transformers' loop instead of hf-spec's, and the model's token_healing got transformers' misleading tokenizer
+    error; transformers' lossy assistant_ensemble_weight was dropped without a word on both entry points (a
+    lossless output where the caller asked for the ensemble); a draft's own num_assistant_tokens=0 was reported as
+    if the call had set it."""
+    target, draft = tiny
+    kw = dict(max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    model = hf_spec.enable_drafters(pickle.loads(pickle.dumps(target)))
+    model.generation_config.prompt_lookup_num_tokens = 3
+    for config in (None, GenerationConfig(max_new_tokens=8)):  # the model's setting, with and without a call config
+        out = model.generate(PROMPT, generation_config=config, **kw)
+        assert isinstance(out, hf_spec.SpeculativeOutput) and out.stats.method == "ngram", config  # hf-spec's loop
+    model.generation_config.prompt_lookup_num_tokens = None
+    model.generation_config.token_healing = True
+    with pytest.raises(ValueError, match="heal the prompt first"):
+        model.generate(PROMPT, generation_config=GenerationConfig(max_new_tokens=8), assistant_model=draft)
+    model.generation_config.token_healing = False
+    # the ensemble: transformers' own assisted generation runs it (what the caller asked by name, lossy) ...
+    ensemble = dict(assistant_model=draft, assistant_ensemble_weight=0.5, **kw)
+    theirs = target.generate(PROMPT, **ensemble)
+    out = model.generate(PROMPT, **ensemble)
+    assert not isinstance(out, hf_spec.SpeculativeOutput) and torch.equal(out.sequences, theirs.sequences)
+    with pytest.raises(ValueError, match="lossy ensemble verification"):  # ... which hf-spec's drafters cannot
+        model.generate(PROMPT, **dict(ensemble, assistant_model=hf_spec.NgramDrafter(3)))
+    for settings in ({"assistant_ensemble_weight": 0.5},  # refused by custom_generate, keyword or in a config
+                     {"generation_config": GenerationConfig(assistant_ensemble_weight=0.5, max_new_tokens=8)}):
+        with pytest.raises(ValueError, match=r"settings \(assistant_ensemble_weight\).*lossy ensemble"):
+            target.generate(PROMPT, custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 2),
+                            **dict(dict(max_new_tokens=8), **settings))
+    shy = pickle.loads(pickle.dumps(draft))
+    shy.generation_config.num_assistant_tokens = 0
+    with pytest.raises(ValueError, match=r"num_assistant_tokens \(in the draft's generation_config\) must be"):
+        model.generate(PROMPT, assistant_model=shy, max_new_tokens=8)
+
+
+def test_the_cache_decoded_in_is_the_callers_or_refused_when_offloaded():
+    """An offloaded cache where hf-spec decodes in a cache of its own is refused, for every such case: a batch, and
+    (found by a break-it pass) one sequence on a sliding-window model, whose rolled-back cache keeps every slot; a
+    draft whose layers hf-spec cannot roll back is named as the draft, with a drafter's advice."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from .conformance import ARCHITECTURES
+
+    torch.manual_seed(0)
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, sliding_window=4)).eval()
+    with pytest.raises(ValueError, match="offloaded.*a sliding-window model in a cache of its own"):
+        mistral.generate(PROMPT[:, :6], max_new_tokens=4, do_sample=False, cache_implementation="offloaded",
+                         custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
+    arch = {a.name: a for a in ARCHITECTURES}
+    models = [a.model(a.config()).eval() for a in (arch["Llama"], arch["Llama 4 text (chunked attention)"])]
+    with pytest.raises(ValueError, match=r"the draft model has layers of kind chunked_attention.*model-free drafter"):
+        models[0].generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate,
+                           drafter=hf_spec.DraftModelDrafter(models[1], 2))
 
 
 # ---- the Hub custom_generate folder and pipelines ------------------------------------------------------

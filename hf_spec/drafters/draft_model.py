@@ -180,7 +180,7 @@ class DraftModelDrafter(Drafter):
         self._context = model_context(self.draft_model)
         self._past_context_noted = False
         # the draft's own cache, rolled back to what it shares with the accepted sequence at every draft
-        self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device)
+        self._ragged = RaggedCache(self.draft_model.config, input_ids.shape[0], self.device, role="draft")
         self._cached = [row[:0] for row in input_ids.to(self.device)]
 
     @property
