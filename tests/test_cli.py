@@ -776,10 +776,9 @@ def test_a_metrics_port_in_use_is_refused_before_any_model_loads(capsys, monkeyp
     assert f"cannot serve metrics on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
-def test_generate_takes_a_repetition_penalty_greedy_or_sampled(capsys, monkeypatch, tokenizer):
-    """--repetition-penalty (what instruct checkpoints ship) reaches the speculative call and --compare's plain one,
-    under greedy decoding too, where transformers applies it as well; the output stays identical to plain decoding's
-    with the same penalty."""
+def _recording_target(monkeypatch, tokenizer, argument: str) -> list:
+    """A tiny random target that hf_spec.load returns for any name, recording the ``argument`` of each generate
+    call into the returned list."""
     import hf_spec.models
     from tests.conftest import tiny_llama
 
@@ -788,11 +787,19 @@ def test_generate_takes_a_repetition_penalty_greedy_or_sampled(capsys, monkeypat
     real = model.generate
 
     def recorded(*args, **kwargs):
-        calls.append(kwargs.get("repetition_penalty"))
+        calls.append(kwargs.get(argument))
         return real(*args, **kwargs)
 
     model.generate = recorded
     monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    return calls
+
+
+def test_generate_takes_a_repetition_penalty_greedy_or_sampled(capsys, monkeypatch, tokenizer):
+    """--repetition-penalty (what instruct checkpoints ship) reaches the speculative call and --compare's plain one,
+    under greedy decoding too, where transformers applies it as well; the output stays identical to plain decoding's
+    with the same penalty."""
+    calls = _recording_target(monkeypatch, tokenizer, "repetition_penalty")
     argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--prompt", "ab ab ab ab", "--compare",
             "--max-new-tokens", "24", "--json", "--dtype", "float32"]
     for penalty in (None, "3.0"):
@@ -834,22 +841,10 @@ def test_generate_streams_text_output_one_prompt_at_a_time(capsys, monkeypatch, 
     is streamed as it is generated (transformers' TextStreamer, to the speculative call only) and printed once,
     before its figures; batches say which prompts run; --json streams nothing; a --batch-size above the number of
     prompts is said. Where stderr is no terminal (a log), transformers' loading bars are off."""
-    import hf_spec.models
     from transformers import TextStreamer
     from transformers.utils import logging as hf_logging
 
-    from tests.conftest import tiny_llama
-
-    model = tiny_llama(vocab_size=len(tokenizer))
-    streamers = []
-    real = model.generate
-
-    def recorded(*args, **kwargs):
-        streamers.append(kwargs.get("streamer"))
-        return real(*args, **kwargs)
-
-    model.generate = recorded
-    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (model, tokenizer))
+    streamers = _recording_target(monkeypatch, tokenizer, "streamer")
     argv = ["generate", "--target", "smollm2-135m", "--drafter", "ngram", "--compare", "--max-new-tokens", "12",
             "--dtype", "float32"]
     hf_logging.enable_progress_bar()
