@@ -267,7 +267,7 @@ def test_bench_bad_input():
 
 
 @pytest.mark.slow
-def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch):
+def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch, capsys):
     import hf_spec.bench.runner as bench
     from hf_spec.prompts import load_questions
 
@@ -290,8 +290,10 @@ def test_interrupted_bench_resumes_from_its_journal(smol, tmp_path, monkeypatch)
         bench.run_bench(model, tok, methods, questions, **kw)
     assert journal.exists()
     calls["n"] = -100  # no more failures
-    raw = bench.run_bench(model, tok, methods, questions, **kw)
+    capsys.readouterr()
+    raw = bench.run_bench(model, tok, methods, questions, **dict(kw, progress=True))
     assert calls["n"] == -100 + 2 + 2  # warm-up again, then only prompt 2
+    assert f"resuming from {journal}: 1 of 2 prompts already measured" in capsys.readouterr().err  # it says so
     assert [p["question_id"] for p in raw["prompts"]] == [q.question_id for q in questions]
     first = raw["prompts"][0]["runs"]["ngram"]  # read back from the JSON journal as the run made it
     assert isinstance(first["stats"], SpecStats) and first["stats"].num_emitted_tokens == len(first["tokens"])

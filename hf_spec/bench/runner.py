@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -413,6 +414,9 @@ def run_bench(
         _run_once(target, m, warm, dict(gen_kwargs, max_new_tokens=8), drafters, hf_draft, seed)
 
     prompts = []
+    if progress and (resumed := sum(q.question_id in done for q in questions)):
+        print(f"hf-spec: resuming from {saved.path}: {resumed} of {len(questions)} prompts already measured",
+              file=sys.stderr)
     bar = tqdm(total=len(questions) * len(methods) * repeats, desc="bench", disable=not progress)
     for qi, q in enumerate(questions):
         if q.question_id in done:

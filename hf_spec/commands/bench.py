@@ -14,7 +14,7 @@ def run_bench_command(args) -> int:
 
     Raises:
         ValueError: bad methods, settings or categories, or a partial run in ``--out`` with other settings (before
-            any model loads).
+            any model loads; a changed target, dtype or device after the target loads).
     """
     from ..bench import parse_methods, run_bench, speedup_vs_k, summarize, write_report
     from ..bench.runner import check_journal, journal_settings
