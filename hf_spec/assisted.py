@@ -124,20 +124,21 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
 
-        def assistant_setting(key, where=False):
-            # transformers 5 reads these from the assistant's own generation config (AssistedCandidateGenerator):
-            # the call's first here (keyword, then its generation_config=), then the assistant's, then the target's
+        def assistant_setting(key) -> tuple:
+            """(value, where it came from, for messages): transformers 5 reads these from the assistant's own
+            generation config (AssistedCandidateGenerator): the call's first here (keyword, then its
+            generation_config=), then the assistant's, then the target's."""
             given = kwargs.get("generation_config")
             for source, value in (("", kwargs.get(key)), (" (in the call's generation_config)", getattr(given, key, None)),
                                   (" (in the draft's generation_config)",
                                    getattr(getattr(assistant, "generation_config", None), key, None)),
                                   (" (in the model's generation_config)", getattr(model.generation_config, key, None))):
                 if value is not None:
-                    return (value, source) if where else value
-            return (None, "") if where else None
+                    return value, source
+            return None, ""
 
-        threshold = assistant_setting("assistant_confidence_threshold")
-        k, source = assistant_setting("num_assistant_tokens", where=True)
+        threshold, _ = assistant_setting("assistant_confidence_threshold")
+        k, source = assistant_setting("num_assistant_tokens")
         if k is not None:
             try:
                 k = check_num_speculative_tokens(k, "num_assistant_tokens")
@@ -147,7 +148,7 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
                                  "speculation") from None
         drafter = DraftModelDrafter(assistant, k,
                                     **({} if threshold is None else {"confidence_threshold": float(threshold)}))
-        if assistant_setting("num_assistant_tokens_schedule") in ("heuristic", "heuristic_transient"):
+        if assistant_setting("num_assistant_tokens_schedule")[0] in ("heuristic", "heuristic_transient"):
             kwargs["num_speculative_tokens"] = "auto"
     elif lookup is not None:
         drafter = NgramDrafter(check_num_speculative_tokens(lookup, "prompt_lookup_num_tokens"),

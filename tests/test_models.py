@@ -89,7 +89,8 @@ def test_checksum_mismatch_leaves_no_cache_entry(tmp_path, monkeypatch):
 def test_a_provisioned_model_is_readable_by_everyone_the_umask_allows(tmp_path, monkeypatch):
     """transformers' save_pretrained writes model.safetensors private (0o600): a new user's shared cache held a
     model only its provisioner could read. Every file and folder of a provisioned model has the modes the umask
-    gives (as quantize's checkpoints do, through the same helper)."""
+    gives (as quantize's checkpoints do, through the same helper), and so do saved Medusa heads (safetensors'
+    save_file is where the 0o600 comes from)."""
     import os
     import stat
 
@@ -110,6 +111,15 @@ def test_a_provisioned_model_is_readable_by_everyone_the_umask_allows(tmp_path, 
     assert "model.safetensors" in modes and ".complete" in modes
     assert modes == {name: 0o755 if (final.parent / name == final or (final / name).is_dir()) else 0o644
                      for name in modes}, modes
+    from hf_spec.medusa import MedusaConfig, MedusaHeads
+
+    old = os.umask(0o022)
+    try:
+        heads = MedusaHeads(MedusaConfig(2, 1, 8, 16, "full")).save_pretrained(tmp_path / "heads")
+    finally:
+        os.umask(old)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in heads.iterdir()} == {
+        "config.json": 0o644, "model.safetensors": 0o644}
 
 
 def test_multi_part_assembly_checks_checksum(tmp_path):

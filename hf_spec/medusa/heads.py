@@ -489,6 +489,9 @@ class MedusaHeads(nn.Module):
         try:
             save_file(state, str(tmp / WEIGHTS_VLLM), metadata={"format": "pt"})
             (tmp / "config.json").write_text(json.dumps(self.config.to_vllm_json(), indent=2) + "\n")
+            from ..models import open_to_umask
+
+            open_to_umask(tmp)  # safetensors writes private files (0o600): others sharing the heads could not read them
             for name in ("config.json", WEIGHTS_VLLM):
                 os.replace(tmp / name, out / name)
             for stale in (WEIGHTS_SAFETENSORS, WEIGHTS_PT):  # the older layout beside the new one is ambiguous
