@@ -1,32 +1,48 @@
 """hf-spec: exact speculative decoding for Hugging Face transformers.
 
-Public names only; see the user guide in ``docs/``.
+Public names only; see the user guide in ``docs/``. They are imported on first use (:mod:`hf_spec._lazy`):
+``import hf_spec`` imports neither torch nor transformers, so the command line starts in a fraction of a second.
 """
 
+from typing import TYPE_CHECKING
+
 from ._import_noise import install as _quiet_known_import_noise
+from ._lazy import lazy_exports
 
 _quiet_known_import_noise()  # before anything imports transformers' quantizers (and with them torchao)
 
-from .acceptance import greedy_accept, speculative_sample
-from .adaptive import AdaptiveK, TreeSize
-from .assisted import disable_drafters, enable_drafters
-from .drafters import (Drafter, DraftModelDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter, HybridDrafter, VerifyOutput, VocabularyMismatchError,
-                       make_drafter, register_drafter)
-from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
-from .events import StepEvent
-from .loop import SpeculativeOutput, generate, speculative_decode
-from .metrics import SpecStats
-from .prometheus import PrometheusMetrics
-from .tuning import best_k, expected_speedup
-from . import prompts
-from .models import ModelChecksumError, ProvisioningError, UnknownModelError, load, provision
+if TYPE_CHECKING:
+    from . import prompts
+    from .acceptance import greedy_accept, speculative_sample
+    from .adaptive import AdaptiveK, TreeSize
+    from .assisted import disable_drafters, enable_drafters
+    from .drafters import (Drafter, DraftModelDrafter, HybridDrafter, MedusaDrafter, NgramDrafter, SuffixDrafter,
+                           VerifyOutput, VocabularyMismatchError, make_drafter, register_drafter)
+    from .events import StepEvent
+    from .loop import SpeculativeOutput, generate, speculative_decode
+    from .medusa import MedusaCheckpointError, MedusaConfig, MedusaHeads
+    from .metrics import SpecStats
+    from .models import ModelChecksumError, ProvisioningError, UnknownModelError, load, provision
+    from .prometheus import PrometheusMetrics
+    from .tuning import best_k, expected_speedup
 
-__all__ = [
-    "Drafter", "DraftModelDrafter", "NgramDrafter", "SuffixDrafter", "HybridDrafter", "MedusaDrafter", "MedusaHeads", "MedusaConfig", "VerifyOutput",
-    "make_drafter", "register_drafter", "prompts",
-    "MedusaCheckpointError", "VocabularyMismatchError",
-    "greedy_accept", "speculative_sample", "generate", "speculative_decode", "SpeculativeOutput",
-    "enable_drafters", "disable_drafters", "StepEvent", "SpecStats", "AdaptiveK", "TreeSize", "PrometheusMetrics", "expected_speedup", "best_k",
-    "load", "provision", "ModelChecksumError", "ProvisioningError", "UnknownModelError",
-]
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    **dict.fromkeys(["greedy_accept", "speculative_sample"], ".acceptance"),
+    **dict.fromkeys(["AdaptiveK", "TreeSize"], ".adaptive"),
+    **dict.fromkeys(["enable_drafters", "disable_drafters"], ".assisted"),
+    **dict.fromkeys(["Drafter", "DraftModelDrafter", "MedusaDrafter", "NgramDrafter", "SuffixDrafter", "HybridDrafter",
+                     "VerifyOutput", "VocabularyMismatchError", "make_drafter", "register_drafter"], ".drafters"),
+    **dict.fromkeys(["MedusaCheckpointError", "MedusaConfig", "MedusaHeads"], ".medusa"),
+    "StepEvent": ".events",
+    **dict.fromkeys(["SpeculativeOutput", "generate", "speculative_decode"], ".loop"),
+    "SpecStats": ".metrics",
+    "PrometheusMetrics": ".prometheus",
+    **dict.fromkeys(["best_k", "expected_speedup"], ".tuning"),
+    "prompts": ".prompts",
+    **dict.fromkeys(["load", "provision", "ModelChecksumError", "ProvisioningError", "UnknownModelError"], ".models"),
+}
+
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -51,9 +51,34 @@ class UsageError(Exception):
         self.parser = parser
 
 
+#: placeholders in help texts for the drafter spec forms, with ``none`` and without it: the registry imports the
+#: drafters, and with them torch and transformers, so the forms are looked up only when a help text is printed
+SPECS = "{drafter specs}"
+DRAFTER_SPECS = "{drafter specs, not none}"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, with :data:`SPECS` and :data:`DRAFTER_SPECS` in a help text replaced by the
+    registry's spec forms (:func:`hf_spec.drafters.registry.drafter_specs`) when the help is printed."""
+
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action)
+        if text and (SPECS in text or DRAFTER_SPECS in text):
+            from .drafters.registry import drafter_specs
+
+            forms = drafter_specs()
+            text = text.replace(SPECS, forms).replace(DRAFTER_SPECS, forms.replace("none | ", ""))
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are raised (so that :func:`main` prints them, as JSON under
-    ``--json``) instead of printed and exited on; the subcommands' parsers are of this class too."""
+    ``--json``) instead of printed and exited on; the subcommands' parsers are of this class too. Its help
+    formatter is :class:`_HelpFormatter`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(self, message)
@@ -108,7 +133,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--target", required=True,
                    help="target model: an offline short name (smollm2-135m, qwen2.5-coder-1.5b, ...), a folder, or a "
                         "hub name (org/name, loaded from the hub)")
-    p.add_argument("--drafter", default="ngram", help=f"{_specs()} (default: ngram)")
+    p.add_argument("--drafter", default="ngram", help=f"{SPECS} (default: ngram)")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k", help=K_HELP)
     p.add_argument("--tree", type=_tree_arg, default=0, metavar="none|auto|N", help=TREE_HELP)
@@ -142,12 +167,6 @@ def _add_generate(sub) -> None:
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--compare", action="store_true", help="also run plain model.generate and report speedup and identity")
     p.add_argument("--json", action="store_true", help=JSON_HELP)
-
-
-def _specs() -> str:
-    from .drafters.registry import drafter_specs
-
-    return drafter_specs()
 
 
 def _add_device_map(p) -> None:
@@ -214,7 +233,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--methods", default="baseline,ngram,hf-prompt-lookup",
                    help="comma-separated: baseline, hf-assisted, hf-assisted-defaults (transformers' own defaults: "
                         "up to 20 tokens, confidence threshold 0.4), hf-prompt-lookup and drafter specs "
-                        f"({_specs().replace('none | ', '')}); default baseline,ngram,hf-prompt-lookup")
+                        f"({DRAFTER_SPECS}); default baseline,ngram,hf-prompt-lookup")
     ks = p.add_mutually_exclusive_group()
     ks.add_argument("-k", "--num-speculative-tokens", type=_k_arg, default=None, dest="k",
                     help="k for every method: an integer >= 1 (default: each method's own: a drafter's, 3, 6 for a "
@@ -255,7 +274,7 @@ def _add_tune(sub) -> None:
                                    "cost and the verify cost of each k up to --k-max; predict the speedup of each k "
                                    "and measure the best one beside its neighbours.")
     p.add_argument("--target", required=True, help="target model: offline short name, folder or hub name")
-    p.add_argument("--drafter", required=True, help=f"a drafter spec: {_specs().replace('none | ', '')}")
+    p.add_argument("--drafter", required=True, help=f"a drafter spec: {DRAFTER_SPECS}")
     p.add_argument("--k-max", type=int, default=12,
                    help="the largest k measured (default 12; at most a Medusa checkpoint's head count)")
     p.add_argument("--categories", default="coding,writing,qa,math_reasoning",
@@ -271,7 +290,7 @@ def _add_tune(sub) -> None:
 
 
 def _add_train_medusa(sub) -> None:
-    from .medusa.train import TrainSettings
+    from .medusa.settings import TrainSettings
 
     d = TrainSettings()
     p = sub.add_parser("train-medusa", help="train Medusa heads for a target (self-distillation, resumable)",

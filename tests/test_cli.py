@@ -363,6 +363,43 @@ def test_version_is_the_package_version_and_the_start_is_quiet():
     assert "torchao" not in r.stderr and "_pytree" not in r.stderr and r.stderr == "", r.stderr
 
 
+def test_the_command_line_parses_and_refuses_before_importing_torch():
+    """``import hf_spec`` and the parser import neither torch nor transformers (their import takes seconds), so
+    ``--help``, ``--version`` and usage errors answer at once; the first use of a public name imports it."""
+    code = ("import sys, hf_spec, hf_spec.cli as c\n"
+            "p = c.build_parser()\n"
+            "p.parse_args(['train-medusa', '--target', 'x', '--out', 'y'])\n"
+            "p.format_help()\n"
+            "try:\n"
+            "    p.parse_args(['generate', '--target', 'x', '--bogus'])\n"
+            "except c.UsageError:\n"
+            "    pass\n"
+            "assert callable(hf_spec.device.machine_info)  # a submodule by attribute, as before the names were lazy\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
+            "assert not heavy, heavy[:5]\n"
+            "assert hf_spec.generate.__module__ == 'hf_spec.loop' and 'torch' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_every_public_name_resolves_and_the_help_names_the_registered_drafters(monkeypatch):
+    """The lazy package exports what ``__all__`` says (``dir`` lists it); a command's help lists the drafter specs
+    of the registry when it is printed, a drafter registered in this process included."""
+    for name in hf_spec.__all__:
+        assert getattr(hf_spec, name) is not None and name in dir(hf_spec)
+    assert hf_spec.prompts.__name__ == "hf_spec.prompts"
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        hf_spec.nonexistent  # noqa: B018
+
+    from hf_spec.drafters import registry
+
+    monkeypatch.setitem(registry.DRAFTERS, "mine", hf_spec.NgramDrafter)
+    parser = cli.build_parser()
+    for command in ("generate", "bench", "tune"):
+        text = " ".join(parser.commands[command].format_help().split())
+        assert "hybrid:draft:MODEL" in text and "| mine" in text and "{drafter" not in text, (command, text)
+    assert "none | ngram" in " ".join(parser.commands["generate"].format_help().split())
+
 @slow  # two fresh interpreters importing transformers' quantizers and torchao: about 20 s on 2 cores
 def test_the_torchao_import_noise_is_filtered_at_its_source():
     """transformers' quantizers import torchao, whose CUDA kernels cannot load into a CPU-only torch; torch then

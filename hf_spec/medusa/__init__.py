@@ -1,6 +1,13 @@
-"""Medusa heads: the module and its checkpoint format (:mod:`.heads`) and self-distillation training
-(:mod:`.train`). The drafter that uses them is :class:`hf_spec.drafters.medusa.MedusaDrafter`."""
+"""Medusa heads: the module and its checkpoint format (:mod:`.heads`), self-distillation training
+(:mod:`.train`) and its settings (:mod:`.settings`). The drafter that uses them is
+:class:`hf_spec.drafters.medusa.MedusaDrafter`. Names are imported on first use (:mod:`hf_spec._lazy`)."""
 
-from .heads import MedusaCheckpointError, MedusaConfig, MedusaHeads
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .heads import MedusaCheckpointError, MedusaConfig, MedusaHeads
 
 __all__ = ["MedusaConfig", "MedusaHeads", "MedusaCheckpointError"]
+__getattr__, __dir__ = lazy_exports(__name__, {name: ".heads" for name in __all__})
