@@ -576,8 +576,10 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
 
 
 def _handler(models: DemoModels):
-    """The Generate button's Gradio handler: :func:`stream` for this page's session, bad input as ``gr.Error``
-    (a message in the page), and closing it closes the stream (which stops the generation)."""
+    """The Generate button's Gradio handler (API name ``/generate``): :func:`stream` for this page's session, each
+    update with only the outputs that changed and the last one in full (a ``gradio_client`` caller's result), bad
+    input as ``gr.Error`` (a message in the page), and closing it closes the stream (which stops the
+    generation)."""
     import gradio as gr
 
     # Gradio passes the request to the parameter annotated gr.Request: a real annotation, so this module does
@@ -595,6 +597,9 @@ def _handler(models: DemoModels):
                     yield tuple(gr.skip() if new is old or (type(new) is str and new == old) else new
                                 for new, old in zip(update, sent))
                     sent = update
+            # the last update in full: a gradio_client caller (api_name "/generate") gets the last update as the
+            # result, where a skipped output would come as an empty update instead of its value
+            yield tuple(sent)
         except ValueError as e:  # bad input: a message, no stack trace in the server's log
             raise gr.Error(html.escape(str(e)), title="Bad input", print_exception=False) from e
         except RuntimeError as e:
@@ -647,18 +652,18 @@ def build_app(models: DemoModels):
                     go = gr.Button("Generate", variant="primary", elem_id="generate")
                     halt = gr.Button("Stop", elem_id="stop")
             with gr.Column(scale=2):
-                status = gr.Markdown(elem_id="status")
-                out = gr.HTML(LEGEND, elem_id="tokens")
-                stats = gr.Markdown(elem_id="stats")
+                status = gr.Markdown(elem_id="status", label="Status")
+                out = gr.HTML(LEGEND, elem_id="tokens", label="Tokens: accepted, rejected, bonus")
+                stats = gr.Markdown(elem_id="stats", label="Statistics")
                 tree_view = gr.HTML(elem_id="tree_view", label="The last step's draft")
                 plot = gr.Plot(label="Acceptance by draft position", elem_id="acceptance_plot")
                 plain = gr.Textbox(label="Plain decoding of the same prompt", lines=4, elem_id="plain")
 
         go.click(_handler(models), [prompt, method, k, tree, temperature, top_p, max_new, compare],
-                       [out, stats, plot, plain, status, tree_view])
+                       [out, stats, plot, plain, status, tree_view], api_name="generate")
         # Stop sets the run's own stop flag; the run then ends as any run does, with status "stopped" (not
         # Gradio's `cancels=`, which raced the run's last update and could leave the page showing "Error")
-        halt.click(_stopper(models), None, [status], concurrency_limit=None)
+        halt.click(_stopper(models), None, [status], concurrency_limit=None, api_name="stop")
     app.queue(default_concurrency_limit=1)
     return app
 

@@ -332,8 +332,9 @@ def test_bad_input_is_a_gradio_error():
 
 
 def test_the_page_is_sent_only_what_changed():
-    """Each status line and each plot goes to the page once (an update still on its way when Stop is pressed
-    must not overwrite the status line, and a plot costs a PNG each time it is sent)."""
+    """Each status line and each plot goes to the page once while the run streams (an update still on its way
+    when Stop is pressed must not overwrite the status line, and a plot costs a PNG each time it is sent); the
+    last update repeats every output in full, for API callers."""
     gr = pytest.importorskip("gradio")
     from hf_spec.demo import _handler
 
@@ -350,12 +351,15 @@ def test_the_page_is_sent_only_what_changed():
     finally:
         handle.remove()
     skip = gr.skip()
-    statuses = [u[4] for u in updates if u[4] != skip]
+    *running, last = updates
+    statuses = [u[4] for u in running if u[4] != skip]
     assert statuses[-1] == "run 1: finished" and len(statuses) == len(set(statuses)) >= 3  # spec, plain, done
-    plots = [u[2] for u in updates if u[2] is not skip and u[2] != skip]
+    plots = [u[2] for u in running if u[2] is not skip and u[2] != skip]
     assert len({id(p) for p in plots}) == len(plots) >= 1
-    tokens = [u[0] for u in updates if u[0] != skip]
+    tokens = [u[0] for u in running if u[0] != skip]
     assert len(tokens) > len(statuses)  # the token updates in between left the status line alone
+    # the last update carries every output (what gradio_client returns), the values last sent
+    assert skip not in last and last[4] == statuses[-1] and last[2] is plots[-1] and last[0] == tokens[-1]
 
 
 # ---- the real app in a real browser ------------------------------------------------------------------
@@ -563,3 +567,27 @@ def test_two_pages_at_once_each_get_their_own_stream(app, browser):
     assert order == [("start", first), ("end", first), ("start", second), ("end", second)]  # one at a time
     for page in pages:
         page.context.close()
+
+
+@pytest.mark.slow
+def test_the_demo_answers_gradio_client_by_name(app):
+    """The demo is an API too: ``/generate`` and ``/stop`` by name, every input and output labelled, and the
+    result of a call the run's own text, greedy n-gram drafting's equal to plain decoding's."""
+    import html
+
+    from gradio_client import Client
+
+    url, log = app
+    client = Client(url, verbose=False)
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert {"/generate", "/stop"} <= set(api)
+    labels = [p["label"] for p in api["/generate"]["parameters"] + api["/generate"]["returns"]]
+    assert not [label for label in labels if not label or re.fullmatch(r"value_\d+", label)], labels
+    tokens, stats, _, plain, status, _ = client.predict("Write a haiku about the sea.", "n-gram", "3", "none", 0.0,
+                                                        1.0, 16, True, api_name="/generate")
+    run = int(re.fullmatch(r"run (\d+): finished", status).group(1))
+    end = next(r for r in _log(log) if r["run"] == run and r["event"] == "end")
+    answer = re.sub(r'<div class="hfspec-legend">.*?</div>|<span class="hfspec-rej">.*?</span>', "", tokens)
+    shown = html.unescape(re.sub(r"<[^>]+>", "", answer))
+    assert shown == end["text"] == plain != ""  # the run's text, and greedy drafting changed nothing
+    assert "| new tokens | 16 |" in stats and "Speedup" in stats
