@@ -4,14 +4,14 @@ Public names only; see the user guide in ``docs/``. They are imported on first u
 ``import hf_spec`` imports neither torch nor transformers, so the command line starts in a fraction of a second.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from ._import_noise import install as _quiet_known_import_noise
-from ._lazy import lazy_exports
+from ._lazy import lazy_exports as _lazy_exports
 
 _quiet_known_import_noise()  # before anything imports transformers' quantizers (and with them torchao)
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from . import prompts
     from .acceptance import greedy_accept, speculative_sample
     from .adaptive import AdaptiveK, TreeSize
@@ -45,4 +45,8 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+#: the submodules the eager ``__init__`` imported before the names were lazy: reachable as attributes, as then
+_SUBMODULES = frozenset({"acceptance", "adaptive", "assisted", "device", "drafters", "events", "kernels", "loop",
+                         "medusa", "metrics", "models", "processors", "prometheus", "prompts", "quantization", "ragged",
+                         "tuning"})
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, _SUBMODULES)

@@ -9,39 +9,47 @@ name (``hf_spec.generate``, ``from hf_spec import DraftModelDrafter``) imports i
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import sys
+import threading
 
 __all__ = ["lazy_exports"]
 
+#: one lock for every first use: transformers' lazy module is not safe when two threads import through it at once
+#: (``ImportError: cannot import name 'DynamicCache'``), so two threads' first uses of hf-spec's names import one
+#: after the other, as an eager ``import hf_spec`` did under the package's import lock
+_IMPORT_LOCK = threading.RLock()
 
-def lazy_exports(package: str, names: dict[str, str]):
+
+def lazy_exports(package: str, names: dict[str, str], submodules: frozenset[str] = frozenset()):
     """``__getattr__`` and ``__dir__`` for the package ``package`` whose public names live in submodules.
 
     Args:
         package: the package's ``__name__``.
         names: public name -> the submodule (relative, e.g. ``".loop"``) that defines it; a submodule's own name
             (``"prompts": ".prompts"``) gives the submodule.
+        submodules: submodules reachable as attributes right after ``import package``, as they were when the
+            package imported them eagerly (``import hf_spec; hf_spec.device.machine_info()``).
 
     Returns:
-        ``(__getattr__, __dir__)`` to assign at the package's top level. ``__getattr__`` imports the submodule on
-        first use and caches the value in the package's namespace; a submodule's name gives the submodule, as
-        after an eager ``__init__`` (``import hf_spec; hf_spec.device.machine_info()``); other names raise
-        ``AttributeError``.
+        ``(__getattr__, __dir__)`` to assign at the package's top level. ``__getattr__`` imports what a name needs on
+        its first use (one thread at a time) and caches the value in the package's namespace; other names raise
+        ``AttributeError``. ``__dir__`` lists the public names beside what is already there.
     """
-    import sys
 
     def __getattr__(name: str):
         if name in names:
-            module = importlib.import_module(names[name], package)
-            value = module if module.__name__.rpartition(".")[2] == name else getattr(module, name)
-        elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
-            value = importlib.import_module(f"{package}.{name}")  # a submodule: hf_spec.device.machine_info()
+            target = names[name]
+        elif name in submodules:
+            target = "." + name
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        setattr(sys.modules[package], name, value)
+        with _IMPORT_LOCK:
+            module = importlib.import_module(target, package)
+            value = module if module.__name__.rpartition(".")[2] == name else getattr(module, name)
+            setattr(sys.modules[package], name, value)
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(vars(sys.modules[package])) | set(names))
+        return sorted(set(vars(sys.modules[package])) | set(names) | set(submodules))
 
     return __getattr__, __dir__

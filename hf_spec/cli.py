@@ -66,8 +66,8 @@ class _HelpFormatter(argparse.HelpFormatter):
         if text and (SPECS in text or DRAFTER_SPECS in text):
             from .drafters.registry import drafter_specs
 
-            forms = drafter_specs()
-            text = text.replace(SPECS, forms).replace(DRAFTER_SPECS, forms.replace("none | ", ""))
+            forms = drafter_specs().replace("%", "%%")  # argparse formats the help text with %
+            text = text.replace(SPECS, forms).replace(DRAFTER_SPECS, forms.removeprefix("none | "))
         return text
 
 

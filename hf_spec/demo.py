@@ -609,12 +609,16 @@ def _handler(models: DemoModels):
 
 
 def _stopper(models: DemoModels):
-    """The Stop button's Gradio handler: stops this page's running generation (:meth:`DemoModels.stop`)."""
+    """The Stop button's Gradio handler (API name ``/stop``): stops this page's (a ``gradio_client`` caller's: this
+    client's) running generation (:meth:`DemoModels.stop`) and returns the status line: ``run N: stopping``, or
+    that nothing of this session runs."""
     import gradio as gr
 
     def on_stop(request: gr.Request):
         stopped = models.stop(getattr(request, "session_hash", None) or "")
-        return f"run {stopped}: stopping" if stopped is not None else gr.skip()
+        if stopped is not None:
+            return f"run {stopped}: stopping"
+        return "nothing to stop: no generation of this session is running"
 
     return on_stop
 

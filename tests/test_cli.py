@@ -377,7 +377,15 @@ def test_the_command_line_parses_and_refuses_before_importing_torch():
             "assert callable(hf_spec.device.machine_info)  # a submodule by attribute, as before the names were lazy\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
             "assert not heavy, heavy[:5]\n"
-            "assert hf_spec.generate.__module__ == 'hf_spec.loop' and 'torch' in sys.modules\n")
+            # two threads' first uses at once (transformers' lazy module is not safe for that: they take turns)
+            "import threading\n"
+            "barrier, got = threading.Barrier(2), {}\n"
+            "def use(name):\n"
+            "    barrier.wait()\n"
+            "    got[name] = getattr(hf_spec, name)\n"
+            "threads = [threading.Thread(target=use, args=(n,)) for n in ('generate', 'Drafter')]\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "assert got['generate'].__module__ == 'hf_spec.loop' and got['Drafter'].__name__ == 'Drafter', got\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
 
@@ -393,11 +401,15 @@ def test_every_public_name_resolves_and_the_help_names_the_registered_drafters(m
 
     from hf_spec.drafters import registry
 
+    class Percent(hf_spec.NgramDrafter):
+        spec_argument = "100%"  # argparse formats help texts with %: the registry's text is escaped
+
     monkeypatch.setitem(registry.DRAFTERS, "mine", hf_spec.NgramDrafter)
+    monkeypatch.setitem(registry.DRAFTERS, "xnone", Percent)
     parser = cli.build_parser()
     for command in ("generate", "bench", "tune"):
         text = " ".join(parser.commands[command].format_help().split())
-        assert "hybrid:draft:MODEL" in text and "| mine" in text and "{drafter" not in text, (command, text)
+        assert "hybrid:draft:MODEL" in text and "| mine | xnone:100%" in text and "{drafter" not in text, (command, text)
     assert "none | ngram" in " ".join(parser.commands["generate"].format_help().split())
 
 @slow  # two fresh interpreters importing transformers' quantizers and torchao: about 20 s on 2 cores

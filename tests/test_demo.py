@@ -571,8 +571,9 @@ def test_two_pages_at_once_each_get_their_own_stream(app, browser):
 
 @pytest.mark.slow
 def test_the_demo_answers_gradio_client_by_name(app):
-    """The demo is an API too: ``/generate`` and ``/stop`` by name, every input and output labelled, and the
-    result of a call the run's own text, greedy n-gram drafting's equal to plain decoding's."""
+    """The demo is an API too: ``/generate`` and ``/stop`` by name, every input and output labelled, the result of
+    a call the run's own text (greedy n-gram drafting's equal to plain decoding's), and ``/stop`` a status line
+    always, stopping the calling client's run."""
     import html
 
     from gradio_client import Client
@@ -591,3 +592,16 @@ def test_the_demo_answers_gradio_client_by_name(app):
     shown = html.unescape(re.sub(r"<[^>]+>", "", answer))
     assert shown == end["text"] == plain != ""  # the run's text, and greedy drafting changed nothing
     assert "| new tokens | 16 |" in stats and "Speedup" in stats
+
+    # /stop stops this client's run (its session's) and says so, or that nothing of this session runs
+    assert client.predict(api_name="/stop").startswith("nothing to stop")
+    job = client.submit("Write a long story about a lighthouse keeper.", "none", "3", "none", 0.0, 1.0, 512, False,
+                        api_name="/generate")
+    deadline = time.time() + 120
+    while not any(r["run"] > run and r["event"] == "start" for r in _log(log)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert client.predict(api_name="/stop") == f"run {run + 1}: stopping"
+    tokens, _, _, _, status, _ = job.result(timeout=120)
+    end = next(r for r in _log(log) if r["run"] == run + 1 and r["event"] == "end")
+    shown = html.unescape(re.sub(r"<[^>]+>", "", re.sub(r'<div class="hfspec-legend">.*?</div>', "", tokens)))
+    assert status == f"run {run + 1}: stopped" and end["stopped"] and end["tokens"] < 512 and shown == end["text"]
