@@ -27,6 +27,7 @@ bug) keeps its traceback on standard error (and exits with 1). :func:`build_pars
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -442,13 +443,12 @@ def main(argv=None) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    from .commands import bench, generate, models
-
-    commands = {"generate": generate.run, "bench": bench.run_bench_command, "tune": bench.run_tune,
-                "train-medusa": models.run_train_medusa, "quantize": models.run_quantize,
-                "provision": models.run_provision}
+    module, function = {"generate": ("generate", "run"), "bench": ("bench", "run_bench_command"),
+                        "tune": ("bench", "run_tune"), "train-medusa": ("models", "run_train_medusa"),
+                        "quantize": ("models", "run_quantize"), "provision": ("models", "run_provision")}[args.command]
+    command = getattr(importlib.import_module(f".commands.{module}", __package__), function)  # only the one that runs
     try:
-        return commands[args.command](args)
+        return command(args)
     except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever torch was
         return _fail(KeyboardInterrupt("interrupted"), EXIT_INTERRUPTED, as_json)
     except _USAGE_ERRORS as e:  # bad input: a message, not a traceback

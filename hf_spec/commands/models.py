@@ -13,12 +13,13 @@ def run_train_medusa(args) -> int:
     """
     from dataclasses import fields
 
-    from ..device import resolve_dtype
-    from ..medusa.train import TrainSettings, load_texts, train_medusa
-    from ..models import load
+    from ..medusa.settings import TrainSettings
 
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
-    settings.check()  # before loading the target
+    settings.check()  # before loading the target, and before torch loads
+    from ..device import resolve_dtype
+    from ..medusa.train import load_texts, train_medusa
+    from ..models import load
     from .generate import check_out_folder
 
     check_out_folder(args.out)  # else found once the target has loaded
