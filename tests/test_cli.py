@@ -799,6 +799,19 @@ def test_a_bench_journal_with_other_settings_is_refused_before_the_model_loads(c
     assert status == 2 and "holds a partial run with other settings" in capsys.readouterr().err
 
 
+def test_a_bench_over_a_finished_runs_results_says_it_replaces_them(capsys, monkeypatch, tmp_path):
+    import hf_spec.models
+
+    (tmp_path / "results.json").write_text("{}")
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: (_ for _ in ()).throw(OSError("no model here")))
+    argv = ["bench", "--target", "smollm2-135m", "--methods", "ngram", "--categories", "coding", "--per-category",
+            "1", "--max-new-tokens", "8", "--out", str(tmp_path)]
+    assert cli.main(argv) == 1
+    assert f"{tmp_path} holds a finished run's results; this run replaces" in capsys.readouterr().err
+    (tmp_path / "results.json").unlink()  # an empty or new folder: no note
+    assert cli.main(argv) == 1 and "replaces" not in capsys.readouterr().err
+
+
 def test_json_errors_only_for_the_commands_that_have_json(capsys):
     """bench has no --json: argparse's error on standard error, not a JSON object on standard output."""
     status = cli.main(["bench", "--target", "smollm2-135m", "--methods", "ngram", "--out", "x", "--json"])

@@ -55,6 +55,9 @@ def run_bench_command(args) -> int:
     check_journal(journal, journal_settings(methods, questions, max_new_tokens=args.max_new_tokens,
                                             temperature=args.temperature, sampling=sampling, repeats=args.repeats,
                                             seed=args.seed, corpus=corpus))
+    if not journal.exists() and (Path(args.out) / "results.json").exists():
+        print(f"hf-spec: {args.out} holds a finished run's results; this run replaces its results.json, results.md "
+              "and plots when it ends (give another --out to keep them)", file=sys.stderr)
     device_map = resolve_device_map(args.device_map)
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
@@ -124,6 +127,9 @@ def run_tune(args) -> int:
     questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
+    if not journal.exists() and (Path(args.out) / "results.json").exists():
+        print(f"hf-spec: {args.out} holds a finished run's results; this run replaces its results.json, results.md "
+              "and plots when it ends (give another --out to keep them)", file=sys.stderr)
     device_map = resolve_device_map(args.device_map)
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
