@@ -127,9 +127,6 @@ def run_tune(args) -> int:
     questions = load_questions(categories=args.categories.split(","), per_category=args.per_category)
     if not questions:
         raise ValueError(f"no questions for categories {args.categories!r}")
-    if not journal.exists() and (Path(args.out) / "results.json").exists():
-        print(f"hf-spec: {args.out} holds a finished run's results; this run replaces its results.json, results.md "
-              "and plots when it ends (give another --out to keep them)", file=sys.stderr)
     device_map = resolve_device_map(args.device_map)
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
