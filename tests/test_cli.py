@@ -395,6 +395,18 @@ def test_every_public_name_resolves_and_the_help_names_the_registered_drafters(m
     of the registry when it is printed, a drafter registered in this process included."""
     for name in hf_spec.__all__:
         assert getattr(hf_spec, name) is not None and name in dir(hf_spec)
+    # the TYPE_CHECKING imports (for type checkers and IDEs) name the same names from the same submodules
+    import ast
+    import importlib
+
+    for package in (hf_spec, importlib.import_module("hf_spec.medusa")):
+        tree = ast.parse(Path(package.__file__).read_text())
+        block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "_TYPE_CHECKING")
+        static = {alias.name: "." + (imp.module or alias.name) for imp in block.body for alias in imp.names}
+        assert set(static) == set(package.__all__), package.__name__
+        for name, module in static.items():
+            module = importlib.import_module(module, package.__name__)
+            assert getattr(package, name) is (module if module.__name__.endswith("." + name) else getattr(module, name))
     assert hf_spec.prompts.__name__ == "hf_spec.prompts"
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         hf_spec.nonexistent  # noqa: B018
