@@ -20,7 +20,7 @@ import types
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
-from .drafters.base import Drafter, check_num_speculative_tokens
+from .drafters.base import Drafter, check_drafter_type, check_num_speculative_tokens
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
 from .loop import ASSISTED_SETTINGS, ending_streamer
@@ -121,7 +121,8 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
         if setting("num_assistant_tokens") is not None and kwargs.get("num_speculative_tokens") is None:
             kwargs["num_speculative_tokens"] = setting("num_assistant_tokens")
     elif assistant is not None:
-        if not isinstance(assistant, torch.nn.Module) or kwargs.get("assistant_tokenizer") is not None:
+        check_drafter_type(assistant, "assistant_model", models=True)  # a spec string, a class: said, not crashed on
+        if kwargs.get("assistant_tokenizer") is not None:
             return None  # universal assisted decoding (another tokenizer): transformers' own loop
 
         def assistant_setting(key) -> tuple:

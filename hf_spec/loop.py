@@ -31,7 +31,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .acceptance import LAZY_DEVICES, chain_parents, greedy_accept_tree, speculative_sample_tree, tree_depths
 from .adaptive import AdaptiveK, TreeSize, make_controller, remember_plain_times, remembered_plain_times
 from .device import clock
-from .drafters.base import Drafter, VerifyOutput, check_num_speculative_tokens, logit_rows
+from .drafters.base import Drafter, VerifyOutput, check_drafter_type, check_num_speculative_tokens, logit_rows
 from .events import EventListener, StepEvent
 from .kernels import extra_rows, install_verify_linear, measuring_seconds, route_extra_rows, verify_linear
 from .metrics import SpecStats
@@ -299,23 +299,19 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "without hf-spec (no custom_generate=hf_spec.generate, no drafter or assistant) for it (the Kirchenbauer "
             "watermark, "
             "watermarking_config=WatermarkingConfig(...), reads only the sequence and works with hf-spec)")
-    if drafter is not None and not isinstance(drafter, Drafter):
-        if isinstance(drafter, type) and issubclass(drafter, Drafter):
-            raise TypeError(f"drafter must be an hf_spec Drafter instance, got the class {drafter.__name__}: pass "
-                            f"{drafter.__name__}(...)")
-        if isinstance(drafter, str):
-            raise TypeError(f"drafter must be an hf_spec Drafter, got the string {drafter!r}: build it from its spec "
-                            f"with hf_spec.make_drafter({drafter!r}, target=model, tokenizer=tokenizer)")
-        raise TypeError(
-            f"drafter must be an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...), got {type(drafter).__name__}"
-        )
+    if drafter is not None:
+        check_drafter_type(drafter)
     if drafter is not None and not hasattr(drafter, "num_speculative_tokens"):
         raise TypeError(f"{type(drafter).__name__}.__init__ did not call super().__init__(num_speculative_tokens): a "
                         "Drafter's __init__ sets its k (and the call's logits processors); call it first")
     if cache is not None and not isinstance(cache, DynamicCache):
+        implementation = getattr(generation_config, "cache_implementation", None)
+        given = (f"cache_implementation={implementation!r} (a {type(cache).__name__})" if implementation
+                 else f"past_key_values={type(cache).__name__}(...)")
         raise ValueError(
-            f"unsupported cache {type(cache).__name__}: speculative decoding rolls the cache back after each "
-            "rejection; use the default DynamicCache (drop cache_implementation / the cache argument)"
+            f"unsupported cache: {given}; speculative decoding rolls the cache back after each rejection, which "
+            "only transformers' DynamicCache (the default) allows here: drop "
+            f"{'cache_implementation' if implementation else 'past_key_values'}"
         )
     if not getattr(model, "_hf_spec_checked_bnb", False):  # once per model: it walks every module
         model._hf_spec_checked_bnb = True

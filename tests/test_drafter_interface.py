@@ -3,6 +3,7 @@ target forward, speculative or plain, the drafter is told what happened (accepte
 hidden states when it asks), per call, with no hook on the target; so a Medusa drafter survives plain steps
 and two threads on one target never see each other's hidden states."""
 
+import copy
 import threading
 
 import pytest
@@ -500,6 +501,16 @@ def test_own_drafters_get_clear_errors_before_any_work(monkeypatch):
         run(Repeat)
     with pytest.raises(TypeError, match=r"hf_spec.make_drafter\('repeat'"):
         run("repeat")
+    with pytest.raises(TypeError, match=r"got the model LlamaForCausalLM: wrap a draft model in hf_spec.DraftModelDrafter"):
+        run(target)
+    # the same values as assistant_model= after enable_drafters, where transformers crashed on them (AttributeError:
+    # 'str' object has no attribute 'config'); a model stays accepted there
+    enabled = hf_spec.enable_drafters(copy.deepcopy(target))
+    for value, said in ((Repeat, r" instance, got the class Repeat: pass Repeat\(...\)"),
+                        ("ngram", r", got the string 'ngram': .*hf_spec.make_drafter\('ngram'"), (3, ", got int$")):
+        with pytest.raises(TypeError, match=r"^assistant_model must be a draft model \(a transformers model\) or an "
+                                            "hf_spec Drafter" + said):
+            enabled.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=value)
 
     class NoSuper(Repeat):
         def __init__(self, token):

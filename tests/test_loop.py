@@ -213,9 +213,16 @@ def test_beam_and_other_modes_refused(tiny):
                                    stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(config.max_length)]))
     with pytest.raises(TypeError, match="Drafter"):
         _gen(target, draft)  # a model is not a drafter: wrap it in DraftModelDrafter
-    with pytest.raises(ValueError, match="unsupported cache"):
-        _gen(target, hf_spec.NgramDrafter(2), cache_implementation="static")
-    from transformers import DynamicCache
+    # a cache that cannot roll back is refused, naming what the call passed (a break-it tester's "sliding_window"
+    # was told about a StaticCache it never named)
+    for implementation in ("static", "offloaded_static", "sliding_window"):
+        with pytest.raises(ValueError, match=f"unsupported cache: cache_implementation='{implementation}' .*drop "
+                                             "cache_implementation$"):
+            _gen(target, hf_spec.NgramDrafter(2), cache_implementation=implementation)
+    from transformers import DynamicCache, StaticCache
+
+    with pytest.raises(ValueError, match=r"unsupported cache: past_key_values=StaticCache\(...\);.*drop past_key_values$"):
+        _gen(target, hf_spec.NgramDrafter(2), **{cache_kwarg(target): StaticCache(config=target.config, max_cache_len=64)})
 
     filled = DynamicCache(config=target.config)
     target(input_ids=PROMPT[:, :3], **{cache_kwarg(target): filled})

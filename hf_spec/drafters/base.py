@@ -37,7 +37,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from ..processors import process_scores, row_processors
 
-__all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens", "logit_rows"]
+__all__ = ["Drafter", "VerifyOutput", "DEFAULT_NUM_SPECULATIVE_TOKENS", "check_num_speculative_tokens",
+           "check_drafter_type", "logit_rows"]
 
 #: k when neither the call nor the drafter says otherwise (a Medusa checkpoint defaults to its head count).
 #: 3 was the best fixed k of the draft model and of n-gram lookup on Spec-Bench on this project's CPUs
@@ -61,6 +62,35 @@ def check_num_speculative_tokens(k, name: str = "num_speculative_tokens") -> int
         raise ValueError(f"{name} must be an integer >= 1, got {k!r}; use 1..12 (3 is a good start) or leave it unset "
                          "to decode without speculation")
     return k
+
+
+def check_drafter_type(value, argument: str = "drafter", models: bool = False) -> None:
+    """Refuse, with what to pass instead, a value given where a drafter goes that is none: a spec string, a
+    drafter class rather than an instance, a model where only drafters go, or anything else.
+
+    Args:
+        value: what the call passed (not ``None``).
+        argument: the keyword it came in, for the message: ``drafter`` (hf-spec's loop) or ``assistant_model``
+            (``generate`` after :func:`hf_spec.enable_drafters`).
+        models: whether a ``torch.nn.Module`` (a draft model) is accepted there too, as by ``assistant_model``.
+
+    Raises:
+        TypeError: ``value`` is neither a :class:`Drafter` instance nor (with ``models``) a model.
+    """
+    if isinstance(value, Drafter) or (models and isinstance(value, torch.nn.Module)):
+        return
+    accepted = ("a draft model (a transformers model) or an hf_spec Drafter" if models
+                else "an hf_spec Drafter (DraftModelDrafter, NgramDrafter, ...)")
+    if isinstance(value, type) and issubclass(value, Drafter):
+        raise TypeError(f"{argument} must be {accepted} instance, got the class {value.__name__}: pass "
+                        f"{value.__name__}(...)")
+    if isinstance(value, str):
+        raise TypeError(f"{argument} must be {accepted}, got the string {value!r}: build it from its spec "
+                        f"with hf_spec.make_drafter({value!r}, target=model, tokenizer=tokenizer)")
+    if isinstance(value, torch.nn.Module):
+        raise TypeError(f"{argument} must be {accepted}, got the model {type(value).__name__}: wrap a draft model "
+                        "in hf_spec.DraftModelDrafter(model)")
+    raise TypeError(f"{argument} must be {accepted}, got {type(value).__name__}")
 
 
 def logit_rows(model) -> int:
