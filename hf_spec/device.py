@@ -1,5 +1,5 @@
 """Where models run and what computes fast there: CPU features, the device map, the compute dtype per device,
-the draft dtype, CUDA-synchronised clocks, and a machine record.
+the draft dtype, CUDA-synchronised clocks, what else ran on the CPU during a timing, and a machine record.
 
 Kept apart from model provisioning (:mod:`hf_spec.models`): the loop, the drafters, the benchmark and the
 commands all ask these questions, and none of them needs the GGUF machinery to do so.
@@ -16,7 +16,7 @@ from datetime import date
 from pathlib import Path
 
 __all__ = ["cpu_flags", "cpu_has_native_bf16", "cpu_has_int8_dot", "DEVICE_MAP_HELP", "resolve_device_map", "main_device", "auto_dtype",
-           "resolve_dtype", "draft_dtype", "synchronize", "clock", "machine_info"]
+           "resolve_dtype", "draft_dtype", "synchronize", "clock", "OtherCpu", "machine_info"]
 
 #: the CPU features that decide which dtype and which kernels pay here (reported beside every measurement)
 _FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
@@ -235,6 +235,44 @@ def clock(device=None) -> float:
     (TTFT, TPOT, draft and verify times), the benchmark and the cost measurements."""
     synchronize(device)
     return time.perf_counter()
+
+
+class OtherCpu:
+    """The CPU time the rest of the machine took while a ``with`` block ran: other processes' (the system's busy
+    time, from ``psutil.cpu_times``, less this process's own, its threads and children included) and the
+    hypervisor's (``steal``: time this VM's cores waited for the host). A timing made while they ran times
+    them too: :func:`hf_spec.bench.contention_warning` reads these figures for ``hf-spec generate --compare``,
+    ``bench`` and ``tune``.
+
+    Both come from the kernel's clock ticks (10 ms on Linux), so a block of well under a second is not worth
+    judging alone; sum several.
+
+    Attributes, set when the block ends:
+        wall_s: the block's wall-clock seconds.
+        other_s: CPU seconds other processes used during it (all cores together; >= 0).
+        steal_s: CPU seconds the hypervisor withheld from this machine's cores (0 off a VM and off Linux).
+    """
+
+    wall_s = other_s = steal_s = 0.0
+
+    def __enter__(self) -> "OtherCpu":
+        import psutil
+
+        self._process = psutil.Process()
+        self._start = (time.perf_counter(), psutil.cpu_times(), self._process.cpu_times())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import psutil
+
+        t0, system0, own0 = self._start
+        system1, own1 = psutil.cpu_times(), self._process.cpu_times()
+        self.wall_s = time.perf_counter() - t0
+        # Linux counts guest time inside user and nice; irq and softirq are CPU work too (absent elsewhere)
+        busy = lambda t: sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))  # noqa: E731
+        own = lambda t: sum(getattr(t, f, 0.0) for f in ("user", "system", "children_user", "children_system"))  # noqa: E731
+        self.other_s = max(0.0, (busy(system1) - busy(system0)) - (own(own1) - own(own0)))
+        self.steal_s = max(0.0, getattr(system1, "steal", 0.0) - getattr(system0, "steal", 0.0))
 
 
 def machine_info() -> dict:

@@ -115,6 +115,76 @@ def test_a_speedup_that_tokens_per_forward_cannot_explain_is_flagged(tmp_path):
     assert "**Timing warning.** hf-prompt-lookup: 18.98x" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_other_cpu_counts_other_processes_and_the_hypervisor_not_this_process(monkeypatch):
+    """OtherCpu, what generate --compare, bench and tune judge their timings by: a process spinning beside the block
+    counts (measured for real); this process's own CPU time, its threads' and children's included, is taken off the
+    system's busy time and the hypervisor's steal is kept apart (psutil's figures given)."""
+    import time
+    from types import SimpleNamespace as NS
+
+    import psutil
+
+    from hf_spec.device import OtherCpu
+
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # started
+        with OtherCpu() as other:
+            time.sleep(1.5)
+    finally:
+        spinning.kill()
+        spinning.wait()
+    assert other.wall_s >= 1.5 and other.other_s >= 0.5 * other.wall_s  # one core spinning, shared with what else runs
+
+    system = iter([NS(user=10.0, nice=0.0, system=5.0, idle=100.0, irq=0.0, softirq=0.0, steal=1.0),
+                   NS(user=13.0, nice=0.5, system=6.0, idle=101.0, irq=0.1, softirq=0.1, steal=1.25)])
+    own = iter([NS(user=2.0, system=1.0, children_user=0.0, children_system=0.0),
+                NS(user=4.0, system=1.5, children_user=0.2, children_system=0.0)])
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(system))
+    monkeypatch.setattr(psutil, "Process", lambda: NS(cpu_times=lambda: next(own)))
+    with OtherCpu() as other:
+        pass
+    # busy 4.7 s (user, nice, system, irq, softirq), this process 2.7 s of it: 2.0 s the others'; steal 0.25 s
+    assert other.other_s == pytest.approx(2.0) and other.steal_s == pytest.approx(0.25)
+
+
+def test_runs_timed_while_other_processes_took_the_cpu_are_flagged(tmp_path):
+    """A share of the cores above CONTENTION_SHARE taken by other processes or the hypervisor while a method's runs
+    were timed is named, per method, in the bench report, tune's warnings and generate --compare's; a quiet run's
+    share (under 0.001 cores on a quiet 2-core VM; 0.03 here), a block too short for the kernel's 10 ms ticks, or the same share
+    on a machine with more cores, is not."""
+    from hf_spec.bench import contention_warning, timing_warnings, tune_warnings, write_report
+    from hf_spec.bench.report import CONTENTION_MIN_WALL_S, CONTENTION_SHARE
+
+    quiet = {"plain decoding": (0.6, 0.0, 20.0), "speculative decoding": (0.3, 0.0, 10.0)}
+    assert contention_warning(quiet, cores=2) is None
+    loaded = dict(quiet, **{"plain decoding": (20.0, 0.0, 20.0)})  # a test suite beside plain decoding: one core
+    warning = contention_warning(loaded, cores=2)
+    assert warning.startswith("other processes took CPU while runs were timed (cores of this machine's 2: plain "
+                              "decoding 1.00): ") and "speculative decoding" not in warning
+    assert contention_warning(loaded, cores=16) is None and 1.0 < CONTENTION_SHARE * 16
+    stolen = contention_warning({"draft": (0.1, 5.0, 10.0)}, cores=2)
+    assert "draft 0.01 (and 0.50 taken by the hypervisor)" in stolen
+    assert contention_warning({"x": (CONTENTION_MIN_WALL_S, 0.0, 0.9 * CONTENTION_MIN_WALL_S)}, cores=2) is None
+
+    def method(other_cores):
+        return dict(speedup_median=1.5, speedup_total=1.5, tokens_per_s=1.0, ttft_s=0.1, tpot_s=0.05, total_s=30.0,
+                    acceptance_rate=0.5, mean_accepted_length=2.0, acceptance_by_position=[], identical_fraction=1.0,
+                    per_category={}, other_cpu_cores=other_cores, steal_cores=0.0)
+
+    summary = {"baseline": method(0.8) | {"acceptance_rate": None, "mean_accepted_length": None}, "draft": method(0.01)}
+    (warning,) = timing_warnings(summary)
+    assert "baseline 0.80" in warning and "draft" not in warning
+    assert timing_warnings({"baseline": method(0.01), "draft": method(0.02)}) == []
+    config = dict(target="t", date="d", commit="c", machine="m", threads=2, num_prompts=1, max_new_tokens=8,
+                  temperature=0.7, dtype="float32")
+    write_report(tmp_path / "out", config, summary, {"prompts": []})
+    assert f"**Timing warning.** {warning}" in (tmp_path / "out" / "results.md").read_text()
+    quiet_verify = [1.0, 0.95, 0.97]
+    assert tune_warnings(quiet_verify, 0.19, 0.2, timed=quiet) == []
+    assert tune_warnings(quiet_verify, 0.19, 0.2, timed=loaded)[0].startswith("other processes took CPU")
+
+
 def test_tune_flags_timings_another_process_distorted():
     """A new user's tune beside other work: T_1 = 1537 ms, a 3-position verify at 0.59 of it, and 38 ms in the next
     run. A verify under MIN_VERIFY_COST of a plain step, plain decoding's TPOT moving between the calibration and

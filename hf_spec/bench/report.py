@@ -13,7 +13,7 @@ from ..metrics import SpecStats
 from .runner import Method, parse_methods
 
 __all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
-           "load_results", "decode_time_per_token", "speedup_warning", "timing_warnings", "tune_warnings",
+           "load_results", "decode_time_per_token", "speedup_warning", "contention_warning", "timing_warnings", "tune_warnings",
            "MIN_VERIFY_COST", "TPOT_DRIFT", "PREDICTION_SPREAD"]
 
 KEYS = ("speedup_median", "speedup_total", "tokens_per_s", "ttft_s", "tpot_s", "total_s", "acceptance_rate",
@@ -38,6 +38,9 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
         "acceptance_by_position": [],
         "identical_fraction": (sum(_identical(m, b) for m, b in zip(mine, base)) / len(mine) if greedy else None),
     }
+    if all("other_cpu_s" in m for m in mine):  # what else ran on the CPU while these runs were timed (OtherCpu)
+        out.update(other_cpu_cores=sum(m["other_cpu_s"] for m in mine) / sec if sec > 0 else 0.0,
+                   steal_cores=sum(m["steal_s"] for m in mine) / sec if sec > 0 else 0.0)
     stats = [m["stats"] for m in mine if "stats" in m]
     if stats:
         total = SpecStats()
@@ -172,15 +175,56 @@ def speedup_warning(name: str, speedup: float | None, tokens_per_forward: float 
             "cores; rerun with the machine to itself")
 
 
+#: other processes' and the hypervisor's CPU use while runs were timed, as a share of the machine's cores, above
+#: which :func:`contention_warning` speaks (a quiet 2-core VM measured under 0.001 cores, one spinning process beside
+#: the README's command 0.84-0.89: docs/benchmarks.md, "What else ran on the CPU while a run was timed")
+CONTENTION_SHARE = 0.1
+#: the least timed wall-clock time judged: the kernel counts CPU time in 10 ms ticks
+CONTENTION_MIN_WALL_S = 1.0
+
+
+def contention_warning(timed: dict[str, tuple[float, float, float]], cores: int | None = None) -> str | None:
+    """A warning when other processes or the hypervisor took more than :data:`CONTENTION_SHARE` of the machine's
+    cores while runs were timed: speedups measured then are the load's as much as the method's (a new user's
+    README run measured 0.29x beside a test suite, 1.74x alone). ``None`` where every entry ran with the machine
+    to itself or timed less than :data:`CONTENTION_MIN_WALL_S` in all.
+
+    Args:
+        timed: per name (a method, plain decoding), ``(other_s, steal_s, wall_s)`` summed over its runs, as
+            :class:`hf_spec.device.OtherCpu` measures them.
+        cores: the machine's logical cores (default: ``psutil.cpu_count()``).
+    """
+    import psutil
+
+    cores = cores or psutil.cpu_count() or 1
+    loaded = {name: (other / wall, steal / wall) for name, (other, steal, wall) in timed.items()
+              if wall >= CONTENTION_MIN_WALL_S and (other + steal) / wall > CONTENTION_SHARE * cores}
+    if not loaded:
+        return None
+    shares = ", ".join(f"{name} {other:.2f}" + (f" (and {steal:.2f} taken by the hypervisor)" if steal >= 0.01 else "")
+                       for name, (other, steal) in loaded.items())
+    return (f"other processes took CPU while runs were timed (cores of this machine's {cores}: {shares}): the "
+            "timings and speedups measure that load too; rerun with the machine to itself")
+
+
 def timing_warnings(summary: dict) -> list[str]:
-    """:func:`speedup_warning` for every method of a bench summary (the larger of its median and total-time
-    speedups); empty where every speedup is possible or nothing says how many tokens a forward gave."""
+    """For a bench summary: :func:`speedup_warning` for every method (the larger of its median and total-time
+    speedups), then :func:`contention_warning` over every method's runs; empty where every speedup is possible
+    and the runs had the CPU to themselves (or nothing says either)."""
     base = summary.get("baseline")
     if base is None:
         return []
-    found = (speedup_warning(name, max(m["speedup_median"], m["speedup_total"]), m.get("mean_accepted_length"),
-                             base["tpot_s"]) for name, m in summary.items() if name != "baseline")
+    found = [speedup_warning(name, max(m["speedup_median"], m["speedup_total"]), m.get("mean_accepted_length"),
+                             base["tpot_s"]) for name, m in summary.items() if name != "baseline"]
+    found.append(contention_warning(timed_cpu(summary)))
     return [w for w in found if w]
+
+
+def timed_cpu(summary: dict) -> dict[str, tuple[float, float, float]]:
+    """Per method of a bench summary, ``(other_s, steal_s, wall_s)`` over its timed runs, for
+    :func:`contention_warning` (methods without the figures, as from an older results.json, are left out)."""
+    return {name: (m["other_cpu_cores"] * m["total_s"], m["steal_cores"] * m["total_s"], m["total_s"])
+            for name, m in summary.items() if "other_cpu_cores" in m}
 
 
 #: plain decoding's TPOT in ``hf-spec tune``'s check run over its calibration run's, outside which the machine's
@@ -194,7 +238,7 @@ PREDICTION_SPREAD = (1 / 1.5, 1.5)
 
 
 def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None,
-                  prediction_errors: dict | None = None) -> list[str]:
+                  prediction_errors: dict | None = None, timed: dict | None = None) -> list[str]:
     """Warnings for ``hf-spec tune`` measurements that something else on the machine distorted: a verify of k + 1
     positions under :data:`MIN_VERIFY_COST` of a plain step (``verify_cost[k]``, over ``t_plain_s``, plain
     decoding's TPOT in the calibration; no forward of k + 1 positions is that much cheaper than one of a single
@@ -202,8 +246,10 @@ def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None,
     TPOT that moved outside :data:`TPOT_DRIFT` between the two runs, and with ``prediction_errors`` (``{k:
     predicted / measured - 1}`` of the check run) a prediction outside :data:`PREDICTION_SPREAD` of its
     measurement. A new user's tune beside other work once measured T_1 = 1537 ms and T(3)/T(1) = 0.59, and 38 ms
-    in the next run; another predicted 0.65x where 0.07x was measured, with neither of the other two signs."""
-    warnings = [f"a verify of {k + 1} positions measured {verify_cost[k]:.2f} of a plain step, less than any forward "
+    in the next run; another predicted 0.65x where 0.07x was measured, with neither of the other two signs. First,
+    with ``timed`` (:func:`timed_cpu` of the runs), the direct sign: :func:`contention_warning`."""
+    warnings = [w for w in [contention_warning(timed or {})] if w]
+    warnings += [f"a verify of {k + 1} positions measured {verify_cost[k]:.2f} of a plain step, less than any forward "
                 f"of {k + 1} positions costs (~{MIN_VERIFY_COST:.2g} at least): plain decoding was slowed in the "
                 f"calibration (T_1 = {t_plain_s * 1000:.0f} ms), most likely by another process on the cores; rerun "
                 "with the machine to itself" for k in range(1, len(verify_cost)) if verify_cost[k] < MIN_VERIFY_COST][:1]

@@ -21,7 +21,7 @@ import torch
 from transformers.generation import candidate_generator as hf_candidates
 from transformers.generation.streamers import BaseStreamer
 
-from ..device import clock
+from ..device import OtherCpu, clock
 from ..device import draft_dtype as resolve_draft_dtype
 from ..drafters.draft_model import load_draft_model
 from ..drafters.base import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -209,7 +209,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     elif method.kind == "hf-prompt-lookup":
         kwargs.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=3, streamer=timer)
     torch.manual_seed(seed)
-    with _count_hf_drafts(record):
+    with _count_hf_drafts(record), OtherCpu() as other:
         t0 = clock(model.device)
         out = model.generate(**inputs, **kwargs)
         total = clock(model.device) - t0
@@ -218,7 +218,7 @@ def _run_once(model, method: Method, inputs, gen_kwargs, drafters, hf_draft, see
     n = len(tokens)
     ttft = timer.times[0] - t0 if timer.times else total
     row = {"new_tokens": n, "total_s": total, "ttft_s": ttft, "tpot_s": (total - ttft) / (n - 1) if n > 1 else 0.0,
-           "tokens_per_s": n / total, "tokens": tokens}
+           "tokens_per_s": n / total, "tokens": tokens, "other_cpu_s": other.other_s, "steal_s": other.steal_s}
     if method.kind == "hf-spec":
         row["stats"] = out.stats
     elif method.kind in PEERS:
@@ -367,7 +367,11 @@ def run_bench(
             under greedy decoding too (where the rest would do nothing).
 
     Returns:
-        ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``.
+        ``{"prompts": [{"question_id", "category", "prompt_tokens", "runs": {METHOD: measurement}}]}``; a
+        measurement holds ``new_tokens``, ``tokens`` (the new token ids), ``total_s``, ``ttft_s``, ``tpot_s``,
+        ``tokens_per_s``, ``other_cpu_s`` and ``steal_s`` (CPU seconds other processes and the hypervisor took
+        meanwhile: :class:`~hf_spec.device.OtherCpu`) and, for hf-spec's and transformers' speculative methods,
+        ``stats`` (:class:`~hf_spec.metrics.SpecStats`).
 
     Raises:
         ValueError: no questions, or repeats < 1, or a journal written with other settings (which ones are named).

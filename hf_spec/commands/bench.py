@@ -106,6 +106,7 @@ def run_tune(args) -> int:
     """
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize, tune_warnings
+    from ..bench.report import timed_cpu
     from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import drafter_specs, make_drafter, parse_drafter
     from ..metrics import SpecStats
@@ -148,6 +149,7 @@ def run_tune(args) -> int:
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
                     progress=not args.json, drafters={spec: drafter})
     t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
+    timed = {f"calibration {name}": v for name, v in timed_cpu(summarize(raw, methods, greedy=True)).items()}
     stats = SpecStats()
     for p in raw["prompts"]:
         stats.merge(p["runs"][methods[1].name]["stats"])
@@ -170,6 +172,7 @@ def run_tune(args) -> int:
                         progress=not args.json, drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
         t_check = summary["baseline"]["tpot_s"]
+        timed.update({f"check {name}": v for name, v in timed_cpu(summary).items()})
         for m in methods[1:]:
             decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]
             result["measured"][m.k] = {
@@ -180,7 +183,7 @@ def run_tune(args) -> int:
                 "prediction_error": predicted[m.k] / decode - 1,
             }
     result["warnings"] = tune_warnings(verify, t_plain, t_check,
-                                       {k: m["prediction_error"] for k, m in result["measured"].items()})
+                                       {k: m["prediction_error"] for k, m in result["measured"].items()}, timed)
     for warning in result["warnings"]:
         print(f"hf-spec tune: warning: {warning}", file=sys.stderr)
     if args.json:

@@ -67,7 +67,7 @@ def run(args) -> int:
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
               "batch_size": min(args.batch_size, len(prompts))}
     if args.json:
-        result = (dict(rows[0], config=config, **({"warnings": totals["warnings"]} if "warnings" in totals else {}))
+        result = (dict(rows[0], config=config, **{k: totals[k] for k in ("other_cpu_cores", "warnings") if k in totals})
                   if len(rows) == 1 else {"config": config, "rows": rows, **totals})
         print(json.dumps(result, indent=2), flush=True)
     else:
@@ -281,7 +281,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     import torch
     from transformers import TextStreamer
 
-    from ..device import clock
+    from ..device import OtherCpu, clock
     from ..loop import generate as spec_generate
     from ..loop import generated_length
     from ..prompts import chat_inputs, check_context
@@ -311,6 +311,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
               "text --prompt-file holds one prompt; a .jsonl file one a line)", file=sys.stderr)
     stream = _streams(args, prompts)
     rows, spec_s, base_s = [], 0.0, 0.0
+    timed = {"speculative decoding": (0.0, 0.0, 0.0), "plain decoding": (0.0, 0.0, 0.0)}  # what else used the CPU
     for first in range(0, len(prompts), args.batch_size):
         texts = prompts[first:first + args.batch_size]
         inputs = chat_inputs(tokenizer, texts, args.chat)
@@ -319,17 +320,22 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
             print(f"hf-spec: generating prompts {first + 1}-{first + len(texts)} of {len(prompts)} ...", file=sys.stderr)
         torch.manual_seed(args.seed)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
-        out = model.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter, event_listeners=listeners,
-                             num_speculative_tokens=k_call, streamer=streamer, **trees, **gen_kwargs)
+        with OtherCpu() as other:
+            out = model.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True, drafter=drafter,
+                                 event_listeners=listeners, num_speculative_tokens=k_call, streamer=streamer, **trees,
+                                 **gen_kwargs)
         spec_s += out.stats.total_s
+        timed["speculative decoding"] = _add(timed["speculative decoding"], other)
         if args.compare:
             if not args.json:
                 print("hf-spec: plain decoding of the same prompt(s), for --compare ...", file=sys.stderr)
             torch.manual_seed(args.seed)
-            t0 = clock(model.device)
-            base = model.generate(**inputs, **gen_kwargs)
-            batch_base_s = clock(model.device) - t0
+            with OtherCpu() as other:
+                t0 = clock(model.device)
+                base = model.generate(**inputs, **gen_kwargs)
+                batch_base_s = clock(model.device) - t0
             base_s += batch_base_s
+            timed["plain decoding"] = _add(timed["plain decoding"], other)
         for b in range(len(texts)):
             stats = out.stats.per_row.get(b, out.stats)
             new = out.sequences[b, prompt_len:prompt_len + stats.new_tokens]
@@ -369,6 +375,10 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     total_new = sum(r["new_tokens"] for r in rows)
     totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
     if args.compare:
+        from ..bench import contention_warning
+
+        totals["other_cpu_cores"] = {name: other / wall if wall > 0 else 0.0 for name, (other, _, wall) in timed.items()}
+        totals["warnings"] = [w for w in [contention_warning(timed)] if w]
         totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
         totals["speedup"] = _speedup(totals["tokens_per_s"], totals["baseline_tokens_per_s"])
         totals["identical_to_baseline"] = all(r["identical_to_baseline"] for r in rows)
@@ -378,8 +388,13 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
             tokens_per_forward = sum(r["mean_accepted_length"] * r["new_tokens"] for r in rows) / max(1, total_new)
             warning = speedup_warning("speculative decoding", totals["speedup"], tokens_per_forward,
                                       base_s / max(1, sum(r["baseline_new_tokens"] for r in rows)))
-            totals["warnings"] = [warning] if warning else []
+            totals["warnings"] += [warning] if warning else []
     return rows, totals
+
+
+def _add(timed: tuple[float, float, float], other) -> tuple[float, float, float]:
+    """``(other_s, steal_s, wall_s)`` plus one :class:`~hf_spec.device.OtherCpu` block's."""
+    return timed[0] + other.other_s, timed[1] + other.steal_s, timed[2] + other.wall_s
 
 
 def _streams(args, prompts: list[str]) -> bool:
