@@ -126,6 +126,11 @@ DRAFT_DTYPE_HELP = ("draft model dtype (default auto; only with a draft model); 
                     "in groups of 32 for drafting, bfloat16 activations (CPU only; torch's int4 kernel; measured where "
                     "the CPU has native bfloat16)")
 
+#: the categories of the shipped Spec-Bench questions (hf_spec/data/specbench_questions.jsonl), for the help (the
+#: file is not read to print it; a test checks the two agree)
+SPEC_BENCH_CATEGORIES = ("writing, roleplay, reasoning, math, coding, extraction, stem, humanities, translation, "
+                         "summarization, qa, math_reasoning, rag")
+
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate with a drafter (and compare with plain decoding)",
@@ -252,7 +257,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--draft", default=None, help="draft model for hf-assisted when --methods has no draft:NAME")
     p.add_argument("--corpus", nargs="+", metavar="FILE", default=None, help=CORPUS_HELP)
     p.add_argument("--questions", default=None, help="FastChat-style JSONL (default: the shipped Spec-Bench questions)")
-    p.add_argument("--categories", default=None, help="comma-separated (default: all in the file)")
+    p.add_argument("--categories", default=None,
+                   help=f"comma-separated categories of the questions (default: all in the file); Spec-Bench's are "
+                        f"{SPEC_BENCH_CATEGORIES}")
     p.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily; > 0 samples")
@@ -279,7 +286,8 @@ def _add_tune(sub) -> None:
     p.add_argument("--k-max", type=int, default=12,
                    help="the largest k measured (default 12; at most a Medusa checkpoint's head count)")
     p.add_argument("--categories", default="coding,writing,qa,math_reasoning",
-                   help="comma-separated Spec-Bench categories (default coding,writing,qa,math_reasoning)")
+                   help=f"comma-separated Spec-Bench categories (default coding,writing,qa,math_reasoning), of "
+                        f"{SPEC_BENCH_CATEGORIES}")
     p.add_argument("--per-category", type=int, default=1, help="questions per category (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt, at most (default 64)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32",
@@ -424,10 +432,37 @@ def _fail(error: BaseException, status: int, as_json: bool) -> int:
     return status
 
 
+def quiet_bars_in_logs() -> None:
+    """Where standard error is a log, not a terminal, turn off the progress bars of the libraries that load and
+    convert models (their ``\r`` updates fill a log with fragments): transformers' "Loading weights" bars and every
+    ``tqdm`` bar whose caller did not turn it on by name, such as transformers' GGUF conversion's. Before those
+    libraries are imported it sets their environment switches (``HF_HUB_DISABLE_PROGRESS_BARS``, which
+    transformers follows, and ``TQDM_DISABLE``; values the user set are kept), so it costs no import; once
+    transformers is imported it calls its ``disable_progress_bar``. Every command calls it first, the demo
+    included; in a terminal it does nothing."""
+    if sys.stderr.isatty():
+        return
+    import os
+
+    if "tqdm" not in sys.modules:  # tqdm reads its TQDM_* defaults once, when imported
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    elif "huggingface_hub" in sys.modules:  # transformers takes its state from the hub library's when imported
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv=None) -> int:
     """Run the ``hf-spec`` command; returns its exit status (see the module docstring for the policy)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = _wants_json(argv)
+    quiet_bars_in_logs()
     if argv[:1] == ["demo"]:  # its own options: hf-spec demo --help
         try:
             from .demo import main as demo_main
@@ -439,10 +474,6 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except UsageError as e:
         return _fail(e, EXIT_USAGE, as_json)
-    if not sys.stderr.isatty():  # a log, not a terminal: transformers' loading bars would fill it with \r fragments
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     module, function = {"generate": ("generate", "run"), "bench": ("bench", "run_bench_command"),
                         "tune": ("bench", "run_tune"), "train-medusa": ("models", "run_train_medusa"),
                         "quantize": ("models", "run_quantize"), "provision": ("models", "run_provision")}[args.command]

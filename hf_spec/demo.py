@@ -710,7 +710,10 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
+    from .cli import quiet_bars_in_logs
     from .device import DEVICE_MAP_HELP
+
+    quiet_bars_in_logs()  # a demo's log (hf-spec demo > log 2>&1) gets no loading bars either
 
     p = argparse.ArgumentParser(prog="hf-spec demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b",

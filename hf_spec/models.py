@@ -25,6 +25,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -38,6 +39,7 @@ from pathlib import Path
 __all__ = [
     "OfflineModel",
     "MODELS",
+    "hub_unreachable",
     "ModelChecksumError",
     "ProvisioningError",
     "UnknownModelError",
@@ -179,6 +181,24 @@ def check_name(name: str) -> None:
         )
 
 
+def hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE`` set, or one request to its
+    endpoint, through the hub library's own HTTP session and proxies, failing to connect within ``timeout_s``),
+    or ``None`` where it answers (any HTTP status). Loading a hub name where it cannot be reached reads the local
+    cache at once instead of waiting out the hub library's retries (a new user's call failed after ~25 s)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception as e:  # httpx's transport errors (no route, no name, refused, timed out), as OSError or not
+        if isinstance(e, OSError) or any(c.__name__ == "TransportError" for c in type(e).__mro__):
+            return f"{constants.ENDPOINT} cannot be reached: {e}"
+    return None  # it answered, or failed otherwise: from_pretrained tries as it always does
+
+
 def offline_build_of(name: str) -> str | None:
     """The short name of the offline build of the checkpoint ``name`` names (a hub name such as
     ``Qwen/Qwen2.5-Coder-1.5B-Instruct``, or its last part), or ``None``. For messages only: such a name
@@ -267,6 +287,30 @@ def _convert(gguf: Path, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
+@contextlib.contextmanager
+def building(final: Path):
+    """Hold, for the ``with`` block, the one lock for building the folder ``final`` (``filelock``, on a file under
+    ``$HF_SPEC_CACHE/locks`` named after ``final``'s absolute path, so no folder of the user's gets one: another
+    process building the same folder waits), and on entry remove the ``.NAME.tmp-*`` folders that builds killed
+    before their cleanup left beside it (a killed provisioning left 469 MB for the 0.5B model; the lock means no
+    live build still writes them). Builds write into such a temporary folder and move it to ``final`` at the end
+    (:func:`provision`, :func:`hf_spec.quantize.quantize_awq`).
+
+    Yields:
+        ``final``'s parent, created.
+    """
+    from filelock import FileLock
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:16]
+    with FileLock(str(locks / f"{final.name}-{key}.lock")):
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        yield final.parent
+
+
 def open_to_umask(folder: Path) -> None:
     """Give ``folder`` and everything in it the modes a plain ``mkdir`` and ``open`` would have under this process's
     umask (0o777 and 0o666 masked), before it is moved into a cache or an output folder: ``tempfile.mkdtemp`` makes
@@ -300,11 +344,25 @@ def provision(name: str) -> Path:
         raise UnknownModelError(f"unknown offline model {name!r}; known: {', '.join(sorted(MODELS))}")
     model = MODELS[short]
     final = cache_dir() / "models" / short
-    if (final / "config.json").is_file() and (final / ".complete").is_file():
+
+    def complete() -> bool:
+        return (final / "config.json").is_file() and (final / ".complete").is_file()
+
+    if complete() and not any(final.parent.glob(f".{short}.tmp-*")):
         return final
-    _require_gguf(short)  # before any package is installed or anything written
+    if not complete():
+        _require_gguf(short)  # before any package is installed or anything written
+    with building(final):  # one build at a time; a killed build's leftovers go
+        if complete():  # built meanwhile by another process, or only leftovers to remove
+            return final
+        _build(short, model, final)
+    return final
+
+
+def _build(short: str, model: OfflineModel, final: Path) -> None:
+    """Assemble, check and convert ``model`` into ``final`` through a temporary folder beside it (under
+    :func:`building`'s lock)."""
     parts = _ensure_packages(model)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{short}.tmp-", dir=final.parent))
     try:
         if len(parts) == 1:
@@ -322,7 +380,6 @@ def provision(name: str) -> Path:
         os.replace(out, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def _require_gguf(short: str) -> None:
@@ -378,7 +435,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
             without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
         OSError: ``from_pretrained`` could not load a hub name (the hub unreachable, or no such repository):
             transformers' message, followed by the offline names (and the offline build of that checkpoint,
-            if there is one).
+            if there is one). Where the hub cannot be reached (:func:`hub_unreachable`) a hub name is read from
+            the local Hugging Face cache only, so this comes at once rather than after the hub library's retries.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -386,13 +444,15 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
 
     check_name(name)
     short = resolve_name(name)
-    hub = False
+    hub, unreachable, cached_only = False, None, {}
     if short is not None:
         path: str = str(provision(short))
     elif Path(name).expanduser().exists():
         path = str(Path(name).expanduser())
     else:
         path, hub = name, True
+        if (unreachable := hub_unreachable()) is not None:  # not transformers' retries (~25 s): the local cache, now
+            cached_only = {"local_files_only": True}
     import torch
 
     if isinstance(dtype, str) and dtype != "auto":
@@ -406,16 +466,18 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         kwargs["quantization_config"] = bitsandbytes_config(quantization, dtype if dtype != "auto" else None)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **kwargs
+            path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **{**cached_only, **kwargs}
         )
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, **cached_only)
     except OSError as e:
         if not hub:  # an offline model or a local folder: transformers' message says it all
             raise
         short = offline_build_of(name)
         hint = (f"{short} is the offline build of {name} (dequantized from 4-bit GGUF, so not the same weights)"
                 if short is not None else f"the offline models are {', '.join(sorted(MODELS))}")
-        raise OSError(f"{e}\n{name} is a hub name: it loads from the Hugging Face hub; {hint}") from e
+        where = ("" if unreachable is None else
+                 f" ({unreachable}, so only this machine's Hugging Face cache was read, and it does not hold it)")
+        raise OSError(f"{e}\n{name} is a hub name: it loads from the Hugging Face hub{where}; {hint}") from e
     if quantization is not None:
         honor_bitsandbytes_compute_dtype(model)
     model.eval()

@@ -101,7 +101,7 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
         ValueError: bits other than 4, a group size that does not divide the model's sizes, max_chars < 64, too
             few texts (under 8).
     """
-    from .models import provision, resolve_name
+    from .models import building, provision, resolve_name
     from .quantization import quantization_method
 
     if bits != 4:
@@ -129,12 +129,22 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":  # its CPU worker pool fails on small machines unless told how many workers
         os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, min(4, os.cpu_count() or 1))))
+
+    with building(out):  # one build of out at a time; a killed build's leftovers go
+        if out.exists():  # another process built it while this one waited
+            raise FileExistsError(f"{out} exists; remove it or choose another --out")
+        _quantize_into(out, path, texts, bits, group_size, device, target, calibration, max_chars)
+    return out
+
+
+def _quantize_into(out: Path, path: Path, texts: list[str], bits: int, group_size: int, device: str, target: str,
+                   calibration: str, max_chars: int) -> None:
+    """Quantize the model folder ``path`` with gptqmodel into a temporary folder beside ``out``, moved to ``out``
+    at the end (under :func:`~hf_spec.models.building`'s lock)."""
+    import torch
     from gptqmodel import BACKEND, GPTQModel
     from gptqmodel.quantization import AWQConfig
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a run that was killed
-        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         t0 = time.perf_counter()
@@ -164,7 +174,6 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def _version(package: str) -> str | None:

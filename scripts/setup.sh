@@ -25,5 +25,7 @@ fi
 echo "setup: installing hf-spec[offline,${EXTRAS:-test}]" >&2
 "${PIP[@]}" -e ".[offline,${EXTRAS:-test}]"
 echo "setup: provisioning the test model (smollm2-135m)" >&2
-.venv/bin/hf-spec provision smollm2-135m
+# its path to stderr with the other set-up lines: stdout stays the main job's (README: setup.sh && hf-spec generate)
+smol=$(.venv/bin/hf-spec provision smollm2-135m)
+echo "setup: smollm2-135m is in $smol" >&2
 echo "setup: done. Activate with: source .venv/bin/activate" >&2

