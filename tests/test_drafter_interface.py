@@ -511,6 +511,12 @@ def test_own_drafters_get_clear_errors_before_any_work(monkeypatch):
         with pytest.raises(TypeError, match=r"^assistant_model must be a draft model \(a transformers model\) or an "
                                             "hf_spec Drafter" + said):
             enabled.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=value)
+    # a model without its language-model head (the base model, model.model) is no draft: said, not an AttributeError
+    # on .logits inside the loop, by either way in
+    with pytest.raises(TypeError, match=r"the draft \w+Model has no language-model head"):
+        enabled.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=enabled.model)
+    with pytest.raises(TypeError, match=r"the draft \w+Model has no language-model head"):
+        hf_spec.DraftModelDrafter(target.model)
 
     class NoSuper(Repeat):
         def __init__(self, token):

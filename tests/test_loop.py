@@ -1,6 +1,7 @@
 """Mechanics of the loop on tiny random models: exactness at every k and length edge case, statistics
 identities, streaming, and clear errors for bad input."""
 
+import copy
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -223,6 +224,13 @@ def test_beam_and_other_modes_refused(tiny):
 
     with pytest.raises(ValueError, match=r"unsupported cache: past_key_values=StaticCache\(...\);.*drop past_key_values$"):
         _gen(target, hf_spec.NgramDrafter(2), **{cache_kwarg(target): StaticCache(config=target.config, max_cache_len=64)})
+    # the torch.compile recipe sets it on the model: said so, with the call's way out, which then works
+    compiled_recipe = copy.deepcopy(target)
+    compiled_recipe.generation_config.cache_implementation = "static"
+    with pytest.raises(ValueError, match=r"set in the model's generation_config .*pass cache_implementation=None to "
+                                         "this call"):
+        _gen(compiled_recipe, hf_spec.NgramDrafter(2))
+    assert _gen(compiled_recipe, hf_spec.NgramDrafter(2), cache_implementation=None).sequences.shape[1] > PROMPT.shape[1]
 
     filled = DynamicCache(config=target.config)
     target(input_ids=PROMPT[:, :3], **{cache_kwarg(target): filled})

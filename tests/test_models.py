@@ -98,8 +98,23 @@ def test_a_hub_name_where_the_hub_cannot_be_reached_reads_the_local_cache_at_onc
     with pytest.raises(OSError) as info:
         hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
     assert asked[-1] is None and "cannot be reached" not in str(info.value)
+    class Answer:
+        status_code = 503
+
+    class Down(Session):  # a hub or mirror that is down answers, with a server error
+        def head(self, url, timeout):
+            return Answer()
+
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Down(None))
+    with pytest.raises(OSError, match=r"\(https?://\S+ answered HTTP 503, so only this machine's Hugging Face cache"):
+        hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert asked[-1] is True
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert models.hub_unreachable() == "HF_HUB_OFFLINE is set"
+    # what is no hub id is no hub name: a mistyped folder or short name, said before any request
+    for typo in ("org/name/sub", "smollm2-135m/"):
+        with pytest.raises(hf_spec.UnknownModelError, match="not a local folder, and not a hub name of the form org/name"):
+            hf_spec.load(typo)
 
 
 def test_provision_is_idempotent_and_fast_the_second_time(smol):
@@ -205,6 +220,14 @@ def test_a_killed_builds_leftovers_go_at_the_next_run_and_builds_take_turns(tmp_
     lock.release()
     waiting.join(timeout=30)
     assert not waiting.is_alive() and not (cache / ".smollm2-135m.tmp-killed").exists() and len(converted) == 1
+    # a cache this process may not write (read-only, another user's): the built model is used, the leftover stays
+    leftover()
+
+    def read_only(final):
+        raise OSError(30, "Read-only file system", str(tmp_path / "locks"))
+
+    monkeypatch.setattr(models, "building", read_only)
+    assert hf_spec.provision("smollm2-135m") == final and (cache / ".smollm2-135m.tmp-killed").exists()
 
 
 def test_multi_part_assembly_checks_checksum(tmp_path):

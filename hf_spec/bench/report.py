@@ -38,9 +38,11 @@ def _aggregate(prompts: list[dict], name: str, greedy: bool) -> dict:
         "acceptance_by_position": [],
         "identical_fraction": (sum(_identical(m, b) for m, b in zip(mine, base)) / len(mine) if greedy else None),
     }
-    if all("other_cpu_s" in m for m in mine):  # what else ran on the CPU while these runs were timed (OtherCpu)
-        out.update(other_cpu_cores=sum(m["other_cpu_s"] for m in mine) / sec if sec > 0 else 0.0,
-                   steal_cores=sum(m["steal_s"] for m in mine) / sec if sec > 0 else 0.0)
+    timed = [m for m in mine if "other_cpu_s" in m]  # what else ran on the CPU meanwhile (OtherCpu); runs from
+    if timed:  # before it was measured (an older results.json combined, an older journal resumed) are left out
+        wall = sum(m["total_s"] for m in timed)
+        out.update(other_cpu_cores=sum(m["other_cpu_s"] for m in timed) / wall if wall > 0 else 0.0,
+                   steal_cores=sum(m["steal_s"] for m in timed) / wall if wall > 0 else 0.0)
     stats = [m["stats"] for m in mine if "stats" in m]
     if stats:
         total = SpecStats()
@@ -324,7 +326,7 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"{config['date']}, commit {config['commit']}, {config['machine']}"
               f"{' (' + ', '.join(config['cpu_flags']) + ')' if config.get('cpu_flags') else ''}, "
               f"{config['threads']} threads; "
-              f"{config['num_prompts']} prompts, {config['max_new_tokens']} new tokens, "
+              f"{config['num_prompts']} prompt{'' if config['num_prompts'] == 1 else 's'}, {config['max_new_tokens']} new tokens, "
               f"temperature {config['temperature']}, dtype {config['dtype']}"
               f"{', draft dtype ' + str(config['draft_dtype']) if config.get('draft_dtype') else ''}.",
               "", markdown_table(summary), ""]

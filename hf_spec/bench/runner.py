@@ -355,7 +355,8 @@ def run_bench(
         temperature: 0 = greedy; > 0 samples.
         repeats: runs per prompt and method; the median run (by total time) is kept.
         draft_dtype: dtype of draft models (``"auto"``: :func:`hf_spec.device.draft_dtype`), on the target's device.
-        progress: whether to draw a progress bar (tqdm, on stderr); ``label`` is its name.
+        progress: whether to show progress on stderr, named ``label``: a tqdm bar in a terminal, a line per
+            measured prompt where stderr is a log.
         journal: a file where each finished prompt's measurements are saved (atomically) as the run goes;
             a run with the same settings and journal skips the prompts already there (resume after an
             interruption). Machine drift between the sessions hits every method alike, since methods are
@@ -423,7 +424,8 @@ def run_bench(
     if progress and (resumed := sum(q.question_id in done for q in questions)):
         print(f"hf-spec: resuming from {saved.path}: {resumed} of {len(questions)} prompts already measured",
               file=sys.stderr)
-    bar = tqdm(total=len(questions) * len(methods) * repeats, desc=label, disable=not progress)
+    lines = progress and not sys.stderr.isatty()  # a log: a line per prompt, not a bar's \r updates
+    bar = tqdm(total=len(questions) * len(methods) * repeats, desc=label, disable=not progress or lines)
     for qi, q in enumerate(questions):
         if q.question_id in done:
             prompts.append(done[q.question_id])
@@ -444,5 +446,8 @@ def run_bench(
         prompts.append({"question_id": q.question_id, "category": q.category,
                         "prompt_tokens": int(inputs["input_ids"].shape[1]), "runs": kept})
         saved.save(prompts)
+        if lines:
+            print(f"{label}: prompt {qi + 1} of {len(questions)} measured ({q.category}, {len(methods) * repeats} "
+                  "runs)", file=sys.stderr, flush=True)
     bar.close()
     return {"prompts": prompts}

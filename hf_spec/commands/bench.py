@@ -143,7 +143,7 @@ def run_tune(args) -> int:
     # 1. calibration: plain decoding beside the loop with k cycling 1..k_max, interleaved prompt by prompt.
     # From it: T_1 (the baseline's TPOT), the per-position acceptance, and the draft and verify cost of each k
     # as the loop spends them (isolated forwards miss the draft's catch-up and the bookkeeping).
-    log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {len(questions)} prompt(s) ...")
+    log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {_count(len(questions), 'prompt')} ...")
     cycle = CycleK(1, k_max)
     methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{k_max}", "hf-spec", cycle, spec)]
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
@@ -189,7 +189,7 @@ def run_tune(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.target} + {args.drafter} on {len(questions)} prompts, {args.max_new_tokens} new tokens; "
+    print(f"{args.target} + {args.drafter} on {_count(len(questions), 'prompt')}, {args.max_new_tokens} new tokens; "
           f"T_1 = {t_plain * 1000:.0f} ms (plain decoding's TPOT)")
     print("conditional acceptance by position: " + " ".join(f"{a:.2f}" for a in acceptance))
     print("| k | c | verify T(k+1)/T(1) | predicted | measured (decode) | error | measured (total) | identical |")
@@ -214,3 +214,8 @@ def _runs_a_draft_model(methods) -> bool:
     from .generate import uses_a_draft_model
 
     return any(m.kind.startswith("hf-assisted") or (m.kind == "hf-spec" and uses_a_draft_model(m.spec)) for m in methods)
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun`` for a message: "1 prompt", "3 prompts"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

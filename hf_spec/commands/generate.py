@@ -307,7 +307,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                    tokenizer=tokenizer, **trees)
 
     if args.batch_size > len(prompts):
-        print(f"hf-spec: --batch-size {args.batch_size} with {len(prompts)} prompt(s): batches of {len(prompts)} (a "
+        print(f"hf-spec: --batch-size {args.batch_size} with {'1 prompt' if len(prompts) == 1 else f'{len(prompts)} prompts'}: batches of {len(prompts)} (a "
               "text --prompt-file holds one prompt; a .jsonl file one a line)", file=sys.stderr)
     stream = _streams(args, prompts)
     rows, spec_s, base_s = [], 0.0, 0.0

@@ -102,6 +102,11 @@ class DraftModelDrafter(Drafter):
         if getattr(draft_model.config, "is_encoder_decoder", False):
             raise ValueError(f"the draft {type(draft_model).__name__} is an encoder-decoder model; a draft model must be "
                              "a decoder-only causal LM with the target's tokenizer")
+        if callable(getattr(draft_model, "can_generate", None)) and not draft_model.can_generate():
+            # a base model (LlamaModel, model.model) returns hidden states, not logits: it failed on .logits later
+            raise TypeError(f"the draft {type(draft_model).__name__} has no language-model head (it cannot generate); "
+                            "a draft model is a causal LM such as ...ForCausalLM: load it with "
+                            "AutoModelForCausalLM or hf_spec.load")
         super().__init__(num_speculative_tokens)
         self.confidence_threshold = float(confidence_threshold)
         self.draft_model = draft_model
