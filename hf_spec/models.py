@@ -457,8 +457,7 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
             without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
         OSError: ``from_pretrained`` could not load a hub name (the hub unreachable, or no such repository):
-            transformers' message, followed by the offline names (and the offline build of that checkpoint,
-            if there is one). Where the hub cannot be reached (:func:`hub_unreachable`) a hub name is read from
+            which offline build or names to use instead, then transformers' own message. Where the hub cannot be reached (:func:`hub_unreachable`) a hub name is read from
             the local Hugging Face cache only, so this comes at once rather than after the hub library's retries.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -500,7 +499,9 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
                 if short is not None else f"the offline models are {', '.join(sorted(MODELS))}")
         where = ("" if unreachable is None else
                  f" ({unreachable}, so only this machine's Hugging Face cache was read, and it does not hold it)")
-        raise OSError(f"{e}\n{name} is a hub name: it loads from the Hugging Face hub{where}; {hint}") from e
+        # hf-spec's explanation first, transformers' own (long, generic) message after it
+        raise OSError(f"{name} is a hub name: it loads from the Hugging Face hub{where}; {hint}.\n"
+                      f"transformers: {e}") from e
     if quantization is not None:
         honor_bitsandbytes_compute_dtype(model)
     model.eval()
