@@ -1042,6 +1042,11 @@ def test_every_timing_command_flags_runs_timed_while_other_processes_took_the_cp
     assert gen["other_cpu_cores"] == {"speculative decoding": 1.0, "plain decoding": 1.0}
     (warning,) = [w for w in gen["warnings"] if "other processes took CPU" in w]
     assert "speculative decoding 1.00, plain decoding 1.00" in warning and f"hf-spec: warning: {warning}" in err
+    # without --compare the tokens/s printed is a timing all the same: its load is reported and warned about too
+    assert cli.main([a for a in generate if a != "--compare"]) == 0
+    out, err = capsys.readouterr()
+    alone = json.loads(out)
+    assert alone["other_cpu_cores"] == {"speculative decoding": 1.0} and "speculative decoding 1.00)" in err
     for name in ("baseline", "ngram"):  # other_cpu_s over the runs' clock time: the same block less two clock reads
         assert res["methods"][name]["other_cpu_cores"] == pytest.approx(1.0, rel=0.1)
     assert "**Timing warning.** other processes took CPU" in md and "baseline 1." in md and "ngram 1." in md
