@@ -241,7 +241,7 @@ class OtherCpu:
     """The CPU time the rest of the machine took while a ``with`` block ran: other processes' (the system's busy
     time, from ``psutil.cpu_times``, less this process's own, its threads and children included) and the
     hypervisor's (``steal``: time this VM's cores waited for the host). A timing made while they ran times
-    them too: :func:`hf_spec.bench.contention_warning` reads these figures for ``hf-spec generate --compare``,
+    them too: :func:`hf_spec.bench.contention_warning` reads these figures for ``hf-spec generate``,
     ``bench`` and ``tune``.
 
     Both come from the kernel's clock ticks (10 ms on Linux), so a block of well under a second is not worth

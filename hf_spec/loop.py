@@ -301,7 +301,7 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
             "watermarking_config=WatermarkingConfig(...), reads only the sequence and works with hf-spec)")
     if drafter is not None:
         check_drafter_type(drafter)
-    if drafter is not None and not hasattr(drafter, "num_speculative_tokens"):
+    if drafter is not None and not hasattr(drafter, "num_speculative_tokens"):  # a Drafter, but not set up
         raise TypeError(f"{type(drafter).__name__}.__init__ did not call super().__init__(num_speculative_tokens): a "
                         "Drafter's __init__ sets its k (and the call's logits processors); call it first")
     if cache is not None and not isinstance(cache, DynamicCache):

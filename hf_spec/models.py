@@ -198,8 +198,9 @@ def _is_hub_id(name: str) -> bool:
 def hub_unreachable(timeout_s: float = 5.0) -> str | None:
     """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE`` set, or one request to its
     endpoint, through the hub library's own HTTP session and proxies, failing to connect within ``timeout_s`` or
-    answering with a server error, 5xx), or ``None`` where it answers. Loading a hub name where it cannot be reached reads the local
-    cache at once instead of waiting out the hub library's retries (a new user's call failed after ~25 s)."""
+    answering with a server error, 5xx), or ``None`` where it answers. Loading a hub name where it cannot be
+    reached reads the local cache at once instead of waiting out the hub library's retries (a new user's call
+    failed after ~25 s)."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
@@ -322,13 +323,18 @@ def building(final: Path):
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:16]
-    umask = os.umask(0)
-    os.umask(umask)
     # the mode a plain open gives (filelock sets its own, 0o644 by default): other users of a shared cache lock too
-    with FileLock(str(locks / f"{final.name}-{key}.lock"), mode=0o666 & ~umask):
+    with FileLock(str(locks / f"{final.name}-{key}.lock"), mode=0o666 & ~_umask()):
         for stale in final.parent.glob(f".{final.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         yield final.parent
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it and back: there is no other portable way)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def open_to_umask(folder: Path) -> None:
@@ -336,8 +342,7 @@ def open_to_umask(folder: Path) -> None:
     umask (0o777 and 0o666 masked), before it is moved into a cache or an output folder: ``tempfile.mkdtemp`` makes
     a private folder, and transformers' ``save_pretrained`` writes ``model.safetensors`` private (0o600), which other
     users of a shared cache could not read."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     for path in [folder, *folder.rglob("*")]:
         if not path.is_symlink():
             os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
@@ -457,8 +462,9 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
             without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
         OSError: ``from_pretrained`` could not load a hub name (the hub unreachable, or no such repository):
-            which offline build or names to use instead, then transformers' own message. Where the hub cannot be reached (:func:`hub_unreachable`) a hub name is read from
-            the local Hugging Face cache only, so this comes at once rather than after the hub library's retries.
+            which offline build or names to use instead, then transformers' own message. Where the hub cannot
+            be reached (:func:`hub_unreachable`) a hub name is read from the local Hugging Face cache only, so
+            this comes at once rather than after the hub library's retries.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -170,13 +170,13 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "P
     context = model_context(model)
     if context is not None and prompt_tokens + max_new_tokens > context:
         if prompt_tokens < context:  # it fits: the new tokens asked are what passes the context
-            raise ValueError(f"{what} ({_tokens(prompt_tokens)} as the model reads it) and {max_new_tokens} "
+            raise ValueError(f"{what} ({counted(prompt_tokens, 'token')} as the model reads it) and {max_new_tokens} "
                              f"new tokens exceed the context of the model, {context} positions: ask for at most "
                              f"{context - prompt_tokens} new tokens, or shorten the prompt.")
-        raise ValueError(f"{what} is too long: {_tokens(prompt_tokens)} as the model reads it reach past the "
+        raise ValueError(f"{what} is too long: {counted(prompt_tokens, 'token')} as the model reads it reach past the "
                          f"context of the model, {context} positions; shorten the prompt.")
 
 
-def _tokens(n: int) -> str:
-    """``n`` tokens for a message: "1 token", "7 tokens"."""
-    return f"{n} token" if n == 1 else f"{n} tokens"
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` for a message, the noun plural but for one: "1 token", "7 tokens", "2 prompts"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

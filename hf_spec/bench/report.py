@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..metrics import SpecStats
+from ..prompts import counted
 from .runner import Method, parse_methods
 
 __all__ = ["KEYS", "summarize", "model_check", "speedup_vs_k", "markdown_table", "model_table", "differences_table", "write_report",
@@ -178,29 +179,30 @@ def speedup_warning(name: str, speedup: float | None, tokens_per_forward: float 
 
 
 #: other processes' and the hypervisor's CPU use while runs were timed, as a share of the machine's cores, above
-#: which :func:`contention_warning` speaks (a quiet 2-core VM measured under 0.001 cores, one spinning process beside
-#: the README's command 0.84-0.89: docs/benchmarks.md, "What else ran on the CPU while a run was timed")
+#: which :func:`contention_warning` speaks (quiet runs on a 2-core VM measured 0.0006-0.01 cores, one spinning process
+#: beside the README's command 0.84-0.89: docs/benchmarks.md, "What else ran on the CPU while a run was timed")
 CONTENTION_SHARE = 0.1
 #: the least timed wall-clock time judged: the kernel counts CPU time in 10 ms ticks
 CONTENTION_MIN_WALL_S = 1.0
 
 
-def contention_warning(timed: dict[str, tuple[float, float, float]], cores: int | None = None) -> str | None:
+def contention_warning(shares: dict[str, tuple[float, float, float]], cores: int | None = None) -> str | None:
     """A warning when other processes or the hypervisor took more than :data:`CONTENTION_SHARE` of the machine's
     cores while runs were timed: speedups measured then are the load's as much as the method's (a new user's
     README run measured 0.29x beside a test suite, 1.74x alone). ``None`` where every entry ran with the machine
     to itself or timed less than :data:`CONTENTION_MIN_WALL_S` in all.
 
     Args:
-        timed: per name (a method, plain decoding), ``(other_s, steal_s, wall_s)`` summed over its runs, as
-            :class:`hf_spec.device.OtherCpu` measures them.
+        shares: per name (a method, plain decoding), ``(other_cores, steal_cores, wall_s)``: the CPU seconds other
+            processes and the hypervisor took (:class:`hf_spec.device.OtherCpu`) over the ``wall_s`` seconds its
+            runs were timed, and those seconds.
         cores: the machine's logical cores (default: ``psutil.cpu_count()``).
     """
     import psutil
 
     cores = cores or psutil.cpu_count() or 1
-    loaded = {name: (other / wall, steal / wall) for name, (other, steal, wall) in timed.items()
-              if wall >= CONTENTION_MIN_WALL_S and (other + steal) / wall > CONTENTION_SHARE * cores}
+    loaded = {name: (other, steal) for name, (other, steal, wall) in shares.items()
+              if wall >= CONTENTION_MIN_WALL_S and other + steal > CONTENTION_SHARE * cores}
     if not loaded:
         return None
     shares = ", ".join(f"{name} {other:.2f}" + (f" (and {steal:.2f} taken by the hypervisor)" if steal >= 0.01 else "")
@@ -218,14 +220,14 @@ def timing_warnings(summary: dict) -> list[str]:
         return []
     found = [speedup_warning(name, max(m["speedup_median"], m["speedup_total"]), m.get("mean_accepted_length"),
                              base["tpot_s"]) for name, m in summary.items() if name != "baseline"]
-    found.append(contention_warning(timed_cpu(summary)))
+    found.append(contention_warning(cpu_shares(summary)))
     return [w for w in found if w]
 
 
-def timed_cpu(summary: dict) -> dict[str, tuple[float, float, float]]:
-    """Per method of a bench summary, ``(other_s, steal_s, wall_s)`` over its timed runs, for
-    :func:`contention_warning` (methods without the figures, as from an older results.json, are left out)."""
-    return {name: (m["other_cpu_cores"] * m["total_s"], m["steal_cores"] * m["total_s"], m["total_s"])
+def cpu_shares(summary: dict) -> dict[str, tuple[float, float, float]]:
+    """Per method of a bench summary, ``(other_cpu_cores, steal_cores, total_s)``, for :func:`contention_warning`
+    (methods without the figures, as from an older results.json, are left out)."""
+    return {name: (m["other_cpu_cores"], m["steal_cores"], m["total_s"])
             for name, m in summary.items() if "other_cpu_cores" in m}
 
 
@@ -240,7 +242,7 @@ PREDICTION_SPREAD = (1 / 1.5, 1.5)
 
 
 def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None,
-                  prediction_errors: dict | None = None, timed: dict | None = None) -> list[str]:
+                  prediction_errors: dict | None = None, shares: dict | None = None) -> list[str]:
     """Warnings for ``hf-spec tune`` measurements that something else on the machine distorted: a verify of k + 1
     positions under :data:`MIN_VERIFY_COST` of a plain step (``verify_cost[k]``, over ``t_plain_s``, plain
     decoding's TPOT in the calibration; no forward of k + 1 positions is that much cheaper than one of a single
@@ -249,8 +251,8 @@ def tune_warnings(verify_cost, t_plain_s: float, t_check_s: float | None = None,
     predicted / measured - 1}`` of the check run) a prediction outside :data:`PREDICTION_SPREAD` of its
     measurement. A new user's tune beside other work once measured T_1 = 1537 ms and T(3)/T(1) = 0.59, and 38 ms
     in the next run; another predicted 0.65x where 0.07x was measured, with neither of the other two signs. First,
-    with ``timed`` (:func:`timed_cpu` of the runs), the direct sign: :func:`contention_warning`."""
-    warnings = [w for w in [contention_warning(timed or {})] if w]
+    with ``shares`` (:func:`cpu_shares` of the runs), the direct sign: :func:`contention_warning`."""
+    warnings = [w for w in [contention_warning(shares or {})] if w]
     warnings += [f"a verify of {k + 1} positions measured {verify_cost[k]:.2f} of a plain step, less than any forward "
                 f"of {k + 1} positions costs (~{MIN_VERIFY_COST:.2g} at least): plain decoding was slowed in the "
                 f"calibration (T_1 = {t_plain_s * 1000:.0f} ms), most likely by another process on the cores; rerun "
@@ -326,7 +328,7 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
               f"{config['date']}, commit {config['commit']}, {config['machine']}"
               f"{' (' + ', '.join(config['cpu_flags']) + ')' if config.get('cpu_flags') else ''}, "
               f"{config['threads']} threads; "
-              f"{config['num_prompts']} prompt{'' if config['num_prompts'] == 1 else 's'}, {config['max_new_tokens']} new tokens, "
+              f"{counted(config['num_prompts'], 'prompt')}, {config['max_new_tokens']} new tokens, "
               f"temperature {config['temperature']}, dtype {config['dtype']}"
               f"{', draft dtype ' + str(config['draft_dtype']) if config.get('draft_dtype') else ''}.",
               "", markdown_table(summary), ""]

@@ -106,7 +106,8 @@ def run_tune(args) -> int:
     """
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize, tune_warnings
-    from ..bench.report import timed_cpu
+    from ..bench.report import cpu_shares
+    from ..prompts import counted
     from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import drafter_specs, make_drafter, parse_drafter
     from ..metrics import SpecStats
@@ -143,13 +144,13 @@ def run_tune(args) -> int:
     # 1. calibration: plain decoding beside the loop with k cycling 1..k_max, interleaved prompt by prompt.
     # From it: T_1 (the baseline's TPOT), the per-position acceptance, and the draft and verify cost of each k
     # as the loop spends them (isolated forwards miss the draft's catch-up and the bookkeeping).
-    log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {_count(len(questions), 'prompt')} ...")
+    log(f"calibrating: k = 1..{k_max} in turn, beside plain decoding, on {counted(len(questions), 'prompt')} ...")
     cycle = CycleK(1, k_max)
     methods = [Method("baseline", "baseline"), Method(f"{spec}@k=1..{k_max}", "hf-spec", cycle, spec)]
     raw = run_bench(target, tok, methods, questions, max_new_tokens=args.max_new_tokens, draft_dtype=args.draft_dtype,
                     progress=not args.json, label="tune: calibration", drafters={spec: drafter})
     t_plain = decode_time_per_token([p["runs"]["baseline"] for p in raw["prompts"]])
-    timed = {f"calibration {name}": v for name, v in timed_cpu(summarize(raw, methods, greedy=True)).items()}
+    shares = {f"calibration {name}": v for name, v in cpu_shares(summarize(raw, methods, greedy=True)).items()}
     stats = SpecStats()
     for p in raw["prompts"]:
         stats.merge(p["runs"][methods[1].name]["stats"])
@@ -172,7 +173,7 @@ def run_tune(args) -> int:
                         progress=not args.json, label="tune: check", drafters={spec: drafter})
         summary = summarize(raw, methods, greedy=True)
         t_check = summary["baseline"]["tpot_s"]
-        timed.update({f"check {name}": v for name, v in timed_cpu(summary).items()})
+        shares.update({f"check {name}": v for name, v in cpu_shares(summary).items()})
         for m in methods[1:]:
             decode = summary["baseline"]["tpot_s"] / summary[m.name]["tpot_s"]
             result["measured"][m.k] = {
@@ -183,13 +184,13 @@ def run_tune(args) -> int:
                 "prediction_error": predicted[m.k] / decode - 1,
             }
     result["warnings"] = tune_warnings(verify, t_plain, t_check,
-                                       {k: m["prediction_error"] for k, m in result["measured"].items()}, timed)
+                                       {k: m["prediction_error"] for k, m in result["measured"].items()}, shares)
     for warning in result["warnings"]:
         print(f"hf-spec tune: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.target} + {args.drafter} on {_count(len(questions), 'prompt')}, {args.max_new_tokens} new tokens; "
+    print(f"{args.target} + {args.drafter} on {counted(len(questions), 'prompt')}, {args.max_new_tokens} new tokens; "
           f"T_1 = {t_plain * 1000:.0f} ms (plain decoding's TPOT)")
     print("conditional acceptance by position: " + " ".join(f"{a:.2f}" for a in acceptance))
     print("| k | c | verify T(k+1)/T(1) | predicted | measured (decode) | error | measured (total) | identical |")
@@ -214,8 +215,3 @@ def _runs_a_draft_model(methods) -> bool:
     from .generate import uses_a_draft_model
 
     return any(m.kind.startswith("hf-assisted") or (m.kind == "hf-spec" and uses_a_draft_model(m.spec)) for m in methods)
-
-
-def _count(n: int, noun: str) -> str:
-    """``n`` and ``noun`` for a message: "1 prompt", "3 prompts"."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -284,7 +284,7 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
     from ..device import OtherCpu, clock
     from ..loop import generate as spec_generate
     from ..loop import generated_length
-    from ..prompts import chat_inputs, check_context
+    from ..prompts import chat_inputs, check_context, counted
 
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, tokenizer=tokenizer)
     if args.repetition_penalty is not None:
@@ -307,8 +307,8 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                    tokenizer=tokenizer, **trees)
 
     if args.batch_size > len(prompts):
-        print(f"hf-spec: --batch-size {args.batch_size} with {'1 prompt' if len(prompts) == 1 else f'{len(prompts)} prompts'}: batches of {len(prompts)} (a "
-              "text --prompt-file holds one prompt; a .jsonl file one a line)", file=sys.stderr)
+        print(f"hf-spec: --batch-size {args.batch_size} with {counted(len(prompts), 'prompt')}: batches of "
+              f"{len(prompts)} (a text --prompt-file holds one prompt; a .jsonl file one a line)", file=sys.stderr)
     stream = _streams(args, prompts)
     rows, spec_s, base_s = [], 0.0, 0.0
     spec_name = "speculative decoding" if drafter is not None else "decoding"  # --drafter none: plain on both sides
@@ -379,8 +379,10 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
 
     if not args.compare:  # tokens/s alone is a timing too: its load is reported all the same
         del timed["plain decoding"]
-    totals["other_cpu_cores"] = {name: other / wall if wall > 0 else 0.0 for name, (other, _, wall) in timed.items()}
-    totals["warnings"] = [w for w in [contention_warning(timed)] if w]
+    shares = {name: (other / wall, steal / wall, wall) if wall > 0 else (0.0, 0.0, 0.0)
+              for name, (other, steal, wall) in timed.items()}
+    totals["other_cpu_cores"] = {name: share[0] for name, share in shares.items()}
+    totals["warnings"] = [w for w in [contention_warning(shares)] if w]
     if args.compare:
         totals["baseline_tokens_per_s"] = sum(r["baseline_new_tokens"] for r in rows) / base_s
         totals["speedup"] = _speedup(totals["tokens_per_s"], totals["baseline_tokens_per_s"])
