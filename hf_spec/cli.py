@@ -56,18 +56,27 @@ class UsageError(Exception):
 #: drafters, and with them torch and transformers, so the forms are looked up only when a help text is printed
 SPECS = "{drafter specs}"
 DRAFTER_SPECS = "{drafter specs, not none}"
+#: :func:`hf_spec.drafters.registry.drafter_specs` while only hf-spec's own drafters are registered: the forms a
+#: help text prints before anything imported the registry (nothing can have registered a drafter then), so that
+#: ``hf-spec generate --help`` answers without importing torch and transformers (~2 s); a test keeps the two equal
+BUILTIN_SPECS = "none | ngram | suffix | hybrid:draft:MODEL | hybrid:medusa:DIR | draft:MODEL | medusa:DIR"
+
+
+def drafter_spec_forms() -> str:
+    """The accepted drafter spec forms for help texts: the registry's, a drafter registered in this process
+    included, or :data:`BUILTIN_SPECS` where the registry was never imported."""
+    registry = sys.modules.get("hf_spec.drafters.registry")
+    return registry.drafter_specs() if registry is not None else BUILTIN_SPECS
 
 
 class _HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, with :data:`SPECS` and :data:`DRAFTER_SPECS` in a help text replaced by the
-    registry's spec forms (:func:`hf_spec.drafters.registry.drafter_specs`) when the help is printed."""
+    registry's spec forms (:func:`drafter_spec_forms`) when the help is printed."""
 
     def _get_help_string(self, action):
         text = super()._get_help_string(action)
         if text and (SPECS in text or DRAFTER_SPECS in text):
-            from .drafters.registry import drafter_specs
-
-            forms = drafter_specs().replace("%", "%%")  # argparse formats the help text with %
+            forms = drafter_spec_forms().replace("%", "%%")  # argparse formats the help text with %
             text = text.replace(SPECS, forms).replace(DRAFTER_SPECS, forms.removeprefix("none | "))
         return text
 
@@ -458,12 +467,40 @@ def quiet_bars_in_logs() -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+#: ``hf_spec.demo``'s description (the first paragraph of its docstring), here so that its help needs no import of it
+DEMO_DESCRIPTION = "The Gradio demo: speculative decoding shown token by token, live, beside plain decoding's speed."
+
+
+def demo_parser() -> argparse.ArgumentParser:
+    """``hf-spec demo``'s options (``hf_spec.demo.main`` parses them): here, so that ``hf-spec demo --help`` and its
+    usage errors answer without importing the demo, gradio, torch and transformers (1.4 s)."""
+    from .device import DEVICE_MAP_HELP
+
+    p = argparse.ArgumentParser(prog="hf-spec demo", description=DEMO_DESCRIPTION)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b",
+                   help="target model: an offline short name, a local folder or a hub name (default: qwen2.5-coder-1.5b)")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                   help="draft model with the target's tokenizer ('' for none; default: qwen2.5-coder-0.5b)")
+    p.add_argument("--medusa", default=None,
+                   help="Medusa heads folder or name (default: the target's, when trained or shipped)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute dtype; auto = the fastest that is sound on the device the target goes to")
+    p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default: 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=7860, help="port to serve on (default: 7860)")
+    p.add_argument("--log", default=None, metavar="FILE",
+                   help="append a JSON line per run start, cancel and end to FILE")
+    return p
+
+
 def main(argv=None) -> int:
     """Run the ``hf-spec`` command; returns its exit status (see the module docstring for the policy)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = _wants_json(argv)
     quiet_bars_in_logs()
     if argv[:1] == ["demo"]:  # its own options: hf-spec demo --help
+        demo_parser().parse_args(argv[1:])  # --help and usage errors before the demo's imports
         try:
             from .demo import main as demo_main
         except ImportError as e:

@@ -707,30 +707,13 @@ def load_models(target: str, draft: str | None, medusa: str | None, dtype: str =
 
 def main(argv=None) -> int:
     """``hf-spec demo`` / ``python demo/app.py``: load the models and serve the app on loopback."""
-    import argparse
     import sys
 
-    from .cli import quiet_bars_in_logs
-    from .device import DEVICE_MAP_HELP
+    from .cli import demo_parser, quiet_bars_in_logs
 
     quiet_bars_in_logs()  # a demo's log (hf-spec demo > log 2>&1) gets no loading bars either
 
-    p = argparse.ArgumentParser(prog="hf-spec demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b",
-                   help="target model: an offline short name, a local folder or a hub name (default: qwen2.5-coder-1.5b)")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b",
-                   help="draft model with the target's tokenizer ('' for none; default: qwen2.5-coder-0.5b)")
-    p.add_argument("--medusa", default=None,
-                   help="Medusa heads folder or name (default: the target's, when trained or shipped)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="compute dtype; auto = the fastest that is sound on the device the target goes to")
-    p.add_argument("--device-map", default=None, metavar="MAP", help=DEVICE_MAP_HELP)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to serve on (default: 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
-    p.add_argument("--port", type=int, default=7860, help="port to serve on (default: 7860)")
-    p.add_argument("--log", default=None, metavar="FILE",
-                   help="append a JSON line per run start, cancel and end to FILE")
-    args = p.parse_args(argv)
+    args = demo_parser().parse_args(argv)
     medusa = args.medusa
     if medusa is None:
         from .medusa.heads import MedusaCheckpointError, heads_path

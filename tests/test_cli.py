@@ -370,6 +370,8 @@ def test_the_command_line_parses_and_refuses_before_importing_torch():
             "p = c.build_parser()\n"
             "p.parse_args(['train-medusa', '--target', 'x', '--out', 'y'])\n"
             "p.format_help()\n"
+            "assert all(' | hybrid:draft:MODEL | ' in ' '.join(p.commands[c].format_help().split()) for c in ('generate', 'bench', 'tune'))\n"
+            "assert '--port' in c.demo_parser().format_help()\n"
             "try:\n"
             "    p.parse_args(['generate', '--target', 'x', '--bogus'])\n"
             "except c.UsageError:\n"
@@ -423,6 +425,10 @@ def test_every_public_name_resolves_and_the_help_names_the_registered_drafters(m
         text = " ".join(parser.commands[command].format_help().split())
         assert "hybrid:draft:MODEL" in text and "| mine | xnone:100%" in text and "{drafter" not in text, (command, text)
     assert "none | ngram" in " ".join(parser.commands["generate"].format_help().split())
+    # help printed before the registry is imported shows the built-in forms without importing it: the same forms
+    builtin = {name: cls for name, cls in registry.DRAFTERS.items() if name in registry.BUILTIN_DRAFTERS}
+    monkeypatch.setattr(registry, "DRAFTERS", builtin)
+    assert cli.BUILTIN_SPECS == registry.drafter_specs()
 
 @slow  # two fresh interpreters importing transformers' quantizers and torchao: about 20 s on 2 cores
 def test_the_torchao_import_noise_is_filtered_at_its_source():
@@ -479,12 +485,12 @@ def test_the_import_noise_filters_keep_everything_else(monkeypatch):
 def test_every_flag_has_help():
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    for name, p in [("hf-spec", parser), *sub.choices.items()]:
+    # the demo's entry in the command list takes no options: its own parser (cli.demo_parser) does
+    for name, p in [("hf-spec", parser), *sub.choices.items(), ("demo", cli.demo_parser())]:
         for action in p._actions:
             if action.option_strings == ["--k"]:  # the deprecated spelling: hidden on purpose
                 continue
-            if name != "demo":  # the demo parses its own options (hf-spec demo --help)
-                assert action.help, (name, action.option_strings or action.dest)
+            assert action.help, (name, action.option_strings or action.dest)
 
 
 def test_k_is_num_speculative_tokens_everywhere(capsys):

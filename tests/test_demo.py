@@ -31,6 +31,15 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("HF_SPEC_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 
 
+def test_the_demo_help_is_the_demos_own():
+    """``hf-spec demo --help`` prints the command line's copy of the demo's description (kept there so that the help
+    needs no import of gradio and torch): the first paragraph of the demo module's docstring."""
+    import hf_spec.demo
+    from hf_spec.cli import DEMO_DESCRIPTION
+
+    assert DEMO_DESCRIPTION == hf_spec.demo.__doc__.split("\n\n")[0]
+
+
 def test_render_marks_each_kind_of_token():
     ev = lambda step, d, a, e: StepEvent(step, len(d), [d], [a], [e], 0.0, 0.0, 0.0, [False])  # noqa: E731
     html = render_tokens([ev(0, [], 0, [1]), ev(1, [2, 3, 4], 1, [2, 5]), ev(2, [6, 7], 2, [6, 7, 8])],
