@@ -9,7 +9,9 @@ the speedup over plain decoding of the same prompt.
 
 The speedup is measured, not estimated: after the speculative stream, plain ``generate`` runs on the same
 prompt and settings (not at the same time: on a small CPU two generations at once would each run at about
-half speed) and its tokens/s is kept per prompt and settings, so asking again shows both rates at once.
+half speed) and its tokens/s is kept per prompt and settings, so asking again shows both rates at once. The CPU
+time other processes took while each ran (:class:`~hf_spec.device.OtherCpu`) is checked as ``generate --compare``
+checks it: a warning under the speedup where it passed a tenth of the cores.
 
 One generation at a time: requests are queued one at a time (``default_concurrency_limit=1``) and every
 generation also holds :attr:`DemoModels.lock`, because Gradio frees the queue slot of a request whose browser
@@ -34,6 +36,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from .bench.report import contention_warning, seconds_to_shares
+from .device import OtherCpu
 from .events import StepEvent
 from .metrics import SpecStats
 
@@ -232,9 +236,12 @@ def _in_context(drafted: list[int], parents: list[int], decode_ids):
     return text
 
 
-def _stats_markdown(stats: SpecStats, plain: dict | None = None) -> str:
+def _stats_markdown(stats: SpecStats, plain: dict | None = None, load: dict | None = None) -> str:
     """The statistics table: the speculative run's counters, and beside its tokens/s plain decoding's (running,
-    measured, or from the cache) and the speedup once plain decoding is complete."""
+    measured, or from the cache) and the speedup once plain decoding is complete, with
+    :func:`~hf_spec.bench.contention_warning`'s warning under it where other processes took CPU while either was
+    timed (``load``: ``{"speculative decoding": (other_s, steal_s, wall_s)}`` from :class:`~hf_spec.device.OtherCpu`;
+    plain decoding's figures are in ``plain["load"]``, kept with a cached measurement)."""
     spec_tps = stats.tokens_per_s
     lines = []
     if plain and plain.get("done") and plain["tokens_per_s"] > 0:
@@ -242,6 +249,10 @@ def _stats_markdown(stats: SpecStats, plain: dict | None = None) -> str:
                      f"{plain['tokens_per_s']:.2f} tokens/s plain decoding"
                      + (" (measured earlier on this server, same prompt and settings)" if plain.get("cached") else "")
                      + "\n")
+        figures = {**(load or {}), **({"plain decoding": plain["load"]} if plain.get("load") else {})}
+        warning = contention_warning(seconds_to_shares(figures))
+        if warning:
+            lines.append(f"**Warning**: {warning}\n")
     lines += ["| measure | value |", "|---|---|",
               f"| new tokens | {stats.num_emitted_tokens} |",
               f"| acceptance rate | {stats.acceptance_rate:.1%} |",
@@ -418,10 +429,14 @@ class _PlainStreamer(BaseStreamer):
 def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, record: dict, out: queue.Queue) -> None:
     """One request's generations, on their own thread: the speculative one (``kwargs``: drafter, k, sampling,
     max new tokens), then with ``plain`` plain decoding of the same prompt, both holding ``models.lock``.
-    Tells the page through ``out`` (``None`` last) and the run log (``record``: what the start record says)."""
+    Tells the page through ``out`` (``None`` last) and the run log (``record``: what the start record says).
+    After each generation ``("load", phase, (other_s, steal_s, wall_s))``: the CPU time other processes and the
+    hypervisor took while it ran (:class:`~hf_spec.device.OtherCpu`), which the speedup line is checked against;
+    the end record has their share of the cores per phase (``other_cpu_cores``)."""
     from .loop import generate as spec_generate
 
     tok = models.tokenizer
+    timed = {}  # phase -> OtherCpu's (other_s, steal_s, wall_s) while it ran
     if not models.lock.acquire(blocking=False):
         out.put(("waiting",))
         models.lock.acquire()
@@ -431,9 +446,12 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
             return
         run.phase, run.tokens = "speculative", 0
         out.put(("phase", "speculative"))
-        res = models.target.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True,
-                                     event_listeners=[lambda ev: out.put(("step", ev))],
-                                     stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **kwargs)
+        with OtherCpu() as other:
+            res = models.target.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True,
+                                         event_listeners=[lambda ev: out.put(("step", ev))],
+                                         stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **kwargs)
+        timed["speculative"] = (other.other_s, other.steal_s, other.wall_s)
+        out.put(("load", "speculative", timed["speculative"]))
         run.text = TokenTexts(tok.decode).join(res.sequences[0, run.prompt_len:].tolist())
         if not plain or run.stop.is_set():
             return
@@ -441,8 +459,11 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
         out.put(("phase", "plain"))
         plain_kwargs = {k: v for k, v in kwargs.items() if k not in ("drafter", "num_speculative_tokens",
                                                                       "num_tree_nodes")}
-        models.target.generate(**inputs, streamer=_PlainStreamer(out), stopping_criteria=StoppingCriteriaList([run]),
-                               tokenizer=tok, **plain_kwargs)
+        with OtherCpu() as other:
+            models.target.generate(**inputs, streamer=_PlainStreamer(out),
+                                   stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **plain_kwargs)
+        timed["plain"] = (other.other_s, other.steal_s, other.wall_s)
+        out.put(("load", "plain", timed["plain"]))
         out.put(("plain_done", run.stop.is_set()))
     except Exception as e:  # shown in the page
         out.put(("error", e))
@@ -450,7 +471,9 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
         with run.lock:
             run.done = True
             models.log.write("end", run.id, phase=run.phase, tokens=run.tokens, stopped=run.stop.is_set(),
-                             **({"text": run.text} if run.text is not None else {}))
+                             **({"text": run.text} if run.text is not None else {}),
+                             other_cpu_cores={phase: round(other / wall, 4) if wall > 0 else 0.0
+                                              for phase, (other, _, wall) in timed.items()})
         models.lock.release()
         out.put(None)
 
@@ -508,6 +531,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
     plot, plotted = None, 0  # the plot and the number of steps it shows
     plain_ids: list[int] = []
     plain = dict(cached, cached=True) if cached else None
+    load: dict = {}  # {"speculative decoding": OtherCpu's figures}; plain decoding's go into plain["load"]
     plain_text = cached["text"] if cached else ""
     status = f"run {run.id}: queued"
     error = None
@@ -515,7 +539,7 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
 
     def update():
         last_draft = next((ev for ev in reversed(seen) if ev.drafted[0]), None)
-        return (LEGEND + '<div class="hfspec-out">' + "".join(shown) + "</div>", _stats_markdown(stats, plain), plot,
+        return (LEGEND + '<div class="hfspec-out">' + "".join(shown) + "</div>", _stats_markdown(stats, plain, load), plot,
                 plain_text, status, render_tree(last_draft, decode, tok.decode))
 
     models.running[session] = run
@@ -544,12 +568,17 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                 plain_text = tok.decode(plain_ids, skip_special_tokens=True)
                 plain = dict(tokens=len(plain_ids), tokens_per_s=len(plain_ids) / msg[2] if msg[2] > 0 else 0.0,
                              done=False, text=plain_text)
+            elif kind == "load":
+                if msg[1] == "speculative":
+                    load["speculative decoding"] = msg[2]
+                elif plain is not None:
+                    plain["load"] = msg[2]
             elif kind == "plain_done" and plain is not None and not msg[1]:  # complete: measured
                 n = generated_length(plain_ids, models.target.generation_config.eos_token_id)
                 plain = dict(plain, tokens=n, done=True)
                 # kept for the next request with this prompt and these settings
                 models.plain_cache[key] = dict(tokens=n, tokens_per_s=plain["tokens_per_s"], text=plain_text,
-                                               done=True)
+                                               done=True, load=plain.get("load"))
                 while len(models.plain_cache) > PLAIN_CACHE_SIZE:
                     models.plain_cache.popitem(last=False)
             elif kind == "error":

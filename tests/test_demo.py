@@ -322,6 +322,47 @@ def test_plain_decoding_is_measured_once_per_prompt_and_settings():
     assert "plain decoding (measured) | 10 tokens" in other[1]
 
 
+def test_the_speedup_warns_when_other_processes_took_cpu_while_either_run_was_timed(monkeypatch):
+    """The speedup line gets generate --compare's contention warning where other processes took more than a
+    tenth of the cores while the speculative or the plain run was timed; a cached plain rate keeps its own
+    figures, and the run log records each phase's share."""
+    import hf_spec.demo as demo
+
+    loads = []  # other processes' cores during each timed generation, in the order they run
+
+    class FakeOtherCpu:  # OtherCpu's figures, made up
+        def __enter__(self):
+            self.t0 = time.perf_counter()
+            return self
+
+        def __exit__(self, *exc):
+            self.wall_s = max(1.5, time.perf_counter() - self.t0)  # judged: CONTENTION_MIN_WALL_S is 1 s
+            self.other_s, self.steal_s = loads.pop(0) * self.wall_s, 0.0
+
+    monkeypatch.setattr(demo, "OtherCpu", FakeOtherCpu)
+    models = _tiny_models()
+
+    def run(prompt, *cores):
+        loads[:] = cores
+        *_, last = [u for u in stream(models, prompt, "n-gram", 2, 0.0, 1.0, 6) if u is not None]
+        assert not loads  # one figure per generation: speculative, then plain unless cached
+        return last[1]
+
+    assert "Speedup" in (quiet := run("abc abc", 0.0, 0.0)) and "Warning" not in quiet
+    assert "measured earlier" in (again := run("abc abc", 0.0)) and "Warning" not in again
+    # plain decoding ran beside another process: named, and again where its rate is reused
+    def warning(stats):
+        return next((line for line in stats.splitlines() if line.startswith("**Warning**")), "")
+
+    assert "plain decoding 0.90" in (line := warning(run("xyz xyz", 0.0, 0.9))) and "speculative" not in line
+    assert "measured earlier" in (again := run("xyz xyz", 0.0)) and "plain decoding 0.90" in warning(again)
+    line = warning(run("abc abc", 0.5))  # now the speculative run had company
+    assert "speculative decoding 0.50" in line and "plain decoding" not in line
+    ends = [r for r in models.log.records if r["event"] == "end"]
+    assert ends[2]["other_cpu_cores"] == {"speculative": 0.0, "plain": 0.9}
+    assert ends[-1]["other_cpu_cores"] == {"speculative": 0.5}
+
+
 def test_bad_input_is_a_gradio_error():
     gr = pytest.importorskip("gradio")
     from hf_spec.demo import _handler

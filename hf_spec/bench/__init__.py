@@ -18,10 +18,10 @@ alike (:mod:`.runner`); :mod:`.report` aggregates, checks the speedup model and 
 """
 
 from .report import (KEYS, MIN_VERIFY_COST, contention_warning, decode_time_per_token, load_results, markdown_table,
-                     model_check, model_table, speedup_vs_k, speedup_warning, summarize, timing_warnings, tune_warnings,
-                     write_report)
+                     model_check, model_table, seconds_to_shares, speedup_vs_k, speedup_warning, summarize,
+                     timing_warnings, tune_warnings, write_report)
 from .runner import PEERS, Method, parse_methods, run_bench
 
 __all__ = ["Method", "PEERS", "parse_methods", "run_bench", "KEYS", "summarize", "model_check", "speedup_vs_k",
            "markdown_table", "model_table", "write_report", "load_results", "decode_time_per_token", "speedup_warning",
-           "contention_warning", "timing_warnings", "tune_warnings", "MIN_VERIFY_COST"]
+           "contention_warning", "seconds_to_shares", "timing_warnings", "tune_warnings", "MIN_VERIFY_COST"]

@@ -224,6 +224,13 @@ def timing_warnings(summary: dict) -> list[str]:
     return [w for w in found if w]
 
 
+def seconds_to_shares(timed: dict[str, tuple[float, float, float]]) -> dict[str, tuple[float, float, float]]:
+    """Per name, :class:`~hf_spec.device.OtherCpu`'s ``(other_s, steal_s, wall_s)`` (summed over a name's timed
+    blocks) as :func:`contention_warning` takes them: ``(other_cores, steal_cores, wall_s)``."""
+    return {name: (other / wall, steal / wall, wall) if wall > 0 else (0.0, 0.0, 0.0)
+            for name, (other, steal, wall) in timed.items()}
+
+
 def cpu_shares(summary: dict) -> dict[str, tuple[float, float, float]]:
     """Per method of a bench summary, ``(other_cpu_cores, steal_cores, total_s)``, for :func:`contention_warning`
     (methods without the figures, as from an older results.json, are left out)."""

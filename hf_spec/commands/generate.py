@@ -375,12 +375,11 @@ def _generate_all(args, model, tokenizer, drafter, prompts, listeners, dtype) ->
                 _print_row(args, row, streamed=True)
     total_new = sum(r["new_tokens"] for r in rows)
     totals = {"tokens_per_s": total_new / spec_s if spec_s > 0 else 0.0}
-    from ..bench import contention_warning
+    from ..bench import contention_warning, seconds_to_shares
 
     if not args.compare:  # tokens/s alone is a timing too: its load is reported all the same
         del timed["plain decoding"]
-    shares = {name: (other / wall, steal / wall, wall) if wall > 0 else (0.0, 0.0, 0.0)
-              for name, (other, steal, wall) in timed.items()}
+    shares = seconds_to_shares(timed)
     totals["other_cpu_cores"] = {name: share[0] for name, share in shares.items()}
     totals["warnings"] = [w for w in [contention_warning(shares)] if w]
     if args.compare:
