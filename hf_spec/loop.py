@@ -19,6 +19,7 @@ import copy
 import logging
 import numbers
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -374,6 +375,31 @@ def _check_generation_mode(generation_config: GenerationConfig) -> None:
         "drafter or assistant)")
 
 
+class LmHeadInput:
+    """While entered, the input of ``head`` (a target's ``lm_head``) at its latest forward in this thread:
+    ``value``, ``[B, P, H]`` for the P positions whose logits the forward kept (``logits_to_keep``), ``None`` before
+    the first. What :attr:`~hf_spec.drafters.base.VerifyOutput.hidden_states` gives the drafter and what
+    ``hf-spec train-medusa`` trains heads on (its hook reads the same input). Forwards in other threads (calls on the
+    same model at once) are not seen.
+
+    """
+
+    def __init__(self, head: torch.nn.Module):
+        self.head, self.value, self._thread = head, None, threading.get_ident()
+
+    def _hook(self, module, args, kwargs):
+        if threading.get_ident() == self._thread:
+            self.value = args[0] if args else next(iter(kwargs.values()), None)
+
+    def __enter__(self) -> "LmHeadInput":
+        self._handle = self.head.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+        self.value = None
+
+
 def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | None, *, streamer=None, **kwargs
                        ) -> SpeculativeOutput:
     """The loop itself, on already-prepared inputs (see :func:`generate` for the arguments).
@@ -387,8 +413,8 @@ def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | No
     With ``generation_config.return_dict_in_generate`` and ``output_scores`` / ``output_logits``, the output
     carries one ``[B, V]`` float32 tensor per generated position (see :func:`_per_token`).
     """
-    with ending_streamer(streamer):
-        out = _speculative_decode(model, input_ids, drafter, streamer=streamer, **kwargs)
+    with ending_streamer(streamer), contextlib.ExitStack() as call:
+        out = _speculative_decode(model, input_ids, drafter, streamer=streamer, call=call, **kwargs)
     if streamer is not None:
         streamer.end()
     return out
@@ -410,7 +436,9 @@ def _speculative_decode(
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     generator: torch.Generator | None = None,
+    call: contextlib.ExitStack,
 ) -> SpeculativeOutput:
+    """:func:`speculative_decode`'s body; ``call`` holds what must be undone when the call ends, on an error too."""
     _validate(model, input_ids, drafter, generation_config, cache, logits_processor)
     k_call, controller = plan_num_speculative_tokens(num_speculative_tokens, drafter)
     num_tree_nodes, sizer = _check_tree_nodes(num_tree_nodes, drafter)
@@ -455,27 +483,42 @@ def _speculative_decode(
     if sizer is not None:
         sizer.reset()
         listeners.append(sizer)
-    # drafters that read the target's hidden states get the last layer's, and only it (transformers keeps
-    # the others as None when output_hidden_states selects an index)
-    hidden_kwargs = {"output_hidden_states": -1} if session is not None and session.needs_hidden_states else {}
+    # drafters that read the target's hidden states get what its lm_head reads, as train-medusa's heads learned
+    # from: the input of its latest forward (LmHeadInput); the last of output_hidden_states is that for most
+    # architectures, not for Gemma 3n ([2, B, T, H]: its AltUp streams, combined before the final norm), and is
+    # asked for only where the model has no output embeddings (transformers then keeps the other layers' as None)
+    tap = hidden_kwargs = None
+    if session is not None and session.needs_hidden_states:
+        head = model.get_output_embeddings()
+        if isinstance(head, torch.nn.Module):
+            tap = call.enter_context(LmHeadInput(head))
+        else:
+            hidden_kwargs = {"output_hidden_states": -1}
+    hidden_kwargs = hidden_kwargs or {}
     if drafter is not None and device.type == "cpu" and model.dtype == torch.float32:
         install_verify_linear(model)  # exact F.linear outside verify forwards; see hf_spec.kernels
     # rows the drafter wants the target's lm_head to project in its own forward (Medusa heads sharing it)
-    head_rows = session.head_rows_per_position if hidden_kwargs else 0
+    head_rows = session.head_rows_per_position if tap is not None or hidden_kwargs else 0
     if head_rows and not route_extra_rows(model.get_output_embeddings()):
         head_rows = 0
 
+    def hidden_of(out) -> torch.Tensor | None:
+        """The target's last hidden states at the positions its forward ``out`` kept, for drafters that read them:
+        taken right after that forward (a drafter's own use of the lm_head later must not replace them)."""
+        return tap.value if tap is not None else out.hidden_states[-1] if hidden_kwargs else None
+
     def target_forward(width: int, *args, **kwargs):
-        """A step's ``ragged.forward(model, *args, **kwargs)`` and, for a verify forward (``width`` > 1), the drafter's
-        rows projected in it (``[B, width, head_rows, V]``, or None) from the last ``width`` positions' hidden states.
-        Plain steps, like the prefill, keep plain decoding's one-row product (a plain step of ``"auto"`` costs what
-        plain decoding does); the drafter projects its rows itself after them."""
+        """A step's ``ragged.forward(model, *args, **kwargs)``, its :func:`hidden_of`, and for a verify forward
+        (``width`` > 1) the drafter's rows projected in it (``[B, width, head_rows, V]``, or None) from the last
+        ``width`` positions' hidden states. Plain steps, like the prefill, keep plain decoding's one-row product (a
+        plain step of ``"auto"`` costs what plain decoding does); the drafter projects its rows itself after them."""
         if not head_rows or width < 2:
-            return ragged.forward(model, *args, **kwargs), None
+            out = ragged.forward(model, *args, **kwargs)
+            return out, hidden_of(out), None
         with extra_rows(model.get_output_embeddings(), lambda x: session.head_rows(x[:, -width:]).flatten(1, 2),
                         width * head_rows, head_rows) as extra:
             out = ragged.forward(model, *args, **kwargs)
-        return out, None if extra.output is None else extra.output.unflatten(1, (width, head_rows))
+        return out, hidden_of(out), None if extra.output is None else extra.output.unflatten(1, (width, head_rows))
     scores_out, logits_out = (([[] for _ in range(bsz)] if generation_config.return_dict_in_generate and flag else None)
                               for flag in (generation_config.output_scores, generation_config.output_logits))
 
@@ -517,11 +560,11 @@ def _speculative_decode(
             for i, b in enumerate(active):
                 per_row[b].extend(values[i, : len(emitted[i])].to(torch.float32, copy=True).unbind(0))
 
-    def tell_drafter(step: int, out, num_drafted: torch.Tensor, num_accepted: torch.Tensor, width: int,
-                     seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None,
+    def tell_drafter(step: int, hidden: torch.Tensor | None, num_drafted: torch.Tensor, num_accepted: torch.Tensor,
+                     width: int, seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None,
                      depths: torch.Tensor | None = None, head_logits: torch.Tensor | None = None) -> None:
         if session is not None:
-            hidden = out.hidden_states[-1][:, -width:] if hidden_kwargs else None
+            hidden = hidden[:, -width:] if hidden is not None else None
             if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
                 hidden = hidden.gather(1, columns[:, :, None].expand(-1, -1, hidden.shape[-1]))
             if head_logits is not None and columns is not None:
@@ -556,7 +599,7 @@ def _speculative_decode(
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
-    tell_drafter(0, out, none, none, 1, verify_time)
+    tell_drafter(0, hidden_of(out), none, none, 1, verify_time)
     prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
     put(emitted)
     method = session.method if session is not None else None  # the drafter's label in events and statistics
@@ -627,7 +670,7 @@ def _speculative_decode(
         cols = torch.arange(k + 1, device=device)
         before = ragged.lengths  # forward() rebinds lengths, so this stays the count before the block
         with verify_linear(k > 0):
-            out, head_logits = target_forward(k + 1, block, cols[None, :] <= num_drafted[:, None],
+            out, hidden, head_logits = target_forward(k + 1, block, cols[None, :] <= num_drafted[:, None],
                                               logits_to_keep=k + 1, parents=parents, **hidden_kwargs)
         logits = out.logits[:, -(k + 1):].float()
         drafts_list = drafts.tolist()
@@ -684,7 +727,7 @@ def _speculative_decode(
         # the step's times without one-time kernel measurements (hf_spec.kernels.measuring_seconds): adaptive k, the
         # tree size and the hybrid drafter judge by them; time_s (the call's clock) keeps everything
         draft_s, verify_s = t_verify - t_draft - (m_verify - m_draft), now - t_verify - (m_now - m_verify)
-        tell_drafter(step, out, num_drafted, num_accepted, k + 1, verify_s, columns, path, depths, head_logits)
+        tell_drafter(step, hidden, num_drafted, num_accepted, k + 1, verify_s, columns, path, depths, head_logits)
         put(emitted)
         ndr = num_drafted.tolist()
         emit(

@@ -53,6 +53,20 @@ _LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, nu
                    num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, **_COMMON)
 
 
+#: a sliding-window layer, then a full-attention one (Gemma 2/3, GPT-OSS, Ministral, Cohere2)
+_HYBRID = ["sliding_attention", "full_attention"]
+
+
+def _gemma3n(num_hidden_layers: int, num_kv_shared_layers: int):
+    """A tiny Gemma 3n text config: AltUp with 2 streams, per-layer inputs, alternating sliding and full layers."""
+    llama_like = {k: v for k, v in _LLAMA_LIKE.items() if k not in ("intermediate_size", "num_hidden_layers")}
+    return tf.Gemma3nTextConfig(head_dim=8, sliding_window=WINDOW, layer_types=_HYBRID * (num_hidden_layers // 2),
+                                num_hidden_layers=num_hidden_layers, num_kv_shared_layers=num_kv_shared_layers,
+                                altup_num_inputs=2, laurel_rank=4, hidden_size_per_layer_input=8,
+                                vocab_size_per_layer_input=VOCAB, intermediate_size=[64] * num_hidden_layers,
+                                activation_sparsity_pattern=[0.0] * num_hidden_layers, **llama_like)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture of the matrix: a name, how to build its tiny config, its model class."""
@@ -115,6 +129,34 @@ ARCHITECTURES = [
          f"keeps the top {WINDOW} keys, passed", refusal=f"keep_window_size={WINDOW}"),
     Arch("Qwen2, padded vocabulary", lambda: tf.Qwen2Config(**_LLAMA_LIKE), tf.Qwen2ForCausalLM,
          f"target {VOCAB + 8} logit rows, draft {VOCAB}", target_rows=VOCAB + 8),
+    Arch("GPT-OSS", lambda: tf.GptOssConfig(head_dim=8, sliding_window=WINDOW, layer_types=_HYBRID, num_local_experts=4,
+                                            num_experts_per_tok=2, **_LLAMA_LIKE), tf.GptOssForCausalLM,
+         f"attention sinks, hybrid, window {WINDOW}, MoE"),
+    Arch("DeepSeek-V3 (MLA)",
+         lambda: tf.DeepseekV3Config(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                     v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                     first_k_dense_replace=1, n_group=1, topk_group=1,
+                                     **{**_LLAMA_LIKE, "num_key_value_heads": 4}),
+         tf.DeepseekV3ForCausalLM, "latent keys and values cached, MoE"),
+    Arch("Ministral", lambda: tf.MinistralConfig(head_dim=8, sliding_window=WINDOW, layer_types=_HYBRID, **_LLAMA_LIKE),
+         tf.MinistralForCausalLM, f"hybrid, window {WINDOW}"),
+    Arch("Cohere2", lambda: tf.Cohere2Config(sliding_window=WINDOW, layer_types=_HYBRID, **_LLAMA_LIKE),
+         tf.Cohere2ForCausalLM, f"hybrid, window {WINDOW}, parallel blocks"),
+    Arch("SmolLM3", lambda: tf.SmolLM3Config(no_rope_layers=[1, 0], **_LLAMA_LIKE), tf.SmolLM3ForCausalLM,
+         "a layer without rotary positions"),
+    Arch("Phi", lambda: tf.PhiConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     partial_rotary_factor=0.5, max_position_embeddings=256, **_COMMON),
+         tf.PhiForCausalLM, "partial rotary, biases"),
+    Arch("OPT", lambda: tf.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                     word_embed_proj_dim=32, max_position_embeddings=256, **_COMMON),
+         tf.OPTForCausalLM, "learned positions, offset 2"),
+    Arch("Gemma 3n (AltUp)", lambda: _gemma3n(num_hidden_layers=2, num_kv_shared_layers=0), tf.Gemma3nForCausalLM,
+         f"AltUp streams, per-layer inputs, hybrid, window {WINDOW}"),
+    Arch("Gemma 3n (shared keys and values)", lambda: _gemma3n(num_hidden_layers=4, num_kv_shared_layers=2),
+         tf.Gemma3nForCausalLM, "the last 2 of 4 layers reuse earlier layers' keys and values, as released",
+         refusal="DummyLayer"),
+    Arch("LFM2 (short convolutions)", lambda: tf.Lfm2Config(layer_types=["conv", "full_attention"], **_LLAMA_LIKE),
+         tf.Lfm2ForCausalLM, "a convolution layer", refusal="recurrent state"),
 ]
 
 

@@ -1,7 +1,7 @@
 """The drafter interface (tiny random models): the loop owns k and never writes it onto a drafter; after every
 target forward, speculative or plain, the drafter is told what happened (accepted counts, and the target's
-hidden states when it asks), per call, with no hook on the target; so a Medusa drafter survives plain steps
-and two threads on one target never see each other's hidden states."""
+hidden states when it asks: the input of its lm_head, read per call and thread), so a Medusa drafter survives
+plain steps and two threads on one target never see each other's hidden states."""
 
 import copy
 import threading

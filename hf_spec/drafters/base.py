@@ -191,8 +191,9 @@ class Drafter:
     method: str = "drafter"
     #: True when the drafter samples its tokens and returns the distributions (scores) it sampled from
     returns_scores: bool = False
-    #: True to get the target's last hidden states in :meth:`update` (Medusa, EAGLE-style heads): the loop
-    #: then asks the target for them (``output_hidden_states``), which costs memory at the prefill
+    #: True to get the target's last hidden states in :meth:`update` (Medusa, EAGLE-style heads): the loop then
+    #: reads what the target's ``lm_head`` reads at each forward (:class:`hf_spec.loop.LmHeadInput`; the last of
+    #: ``output_hidden_states`` for a model without output embeddings)
     needs_hidden_states: bool = False
     #: rows per scored position that :meth:`head_rows` makes for the target's ``lm_head`` to project in its own
     #: forward (Medusa heads sharing it: one per head); 0: none (the default)
