@@ -543,10 +543,32 @@ def _speculative_decode(
             if scores_out is not None:
                 scores_out[b].append(new_scores[j].to(torch.float32, copy=True))
                 so_far = tuple(s[None] for s in scores_out[b])
-            if bool(stopping_criteria(rows[b][None], so_far).any()):
+            if row_stops(rows[b][None], so_far):
                 finished[b] = True
                 break
         return kept
+
+    def row_stops(ids: torch.LongTensor, so_far) -> bool:
+        """Whether the stopping criteria end a row (``ids [1, L]``). In a batch each criterion's answer must be a
+        row's (``BoolTensor[1]``): one that judges the whole batch (one bool for every row, or a tensor indexed by
+        the row's place in the batch) would stop rows where ``generate`` does not, so it is refused, naming it."""
+        if bsz == 1:
+            return bool(stopping_criteria(ids, so_far).any())
+        done = False
+        for criterion in stopping_criteria:
+            answer = criterion(ids, so_far)
+            if not (torch.is_tensor(answer) and answer.shape == (1,)):
+                got = (f"a tensor of shape {list(answer.shape)}" if torch.is_tensor(answer)
+                       else f"a {type(answer).__name__}")
+                raise ValueError(
+                    f"the stopping criterion {type(criterion).__name__} returned {got} for one row of a batch of {bsz}: "
+                    "hf-spec calls stopping criteria one row at a time (input_ids [1, L], as rows gain different "
+                    "numbers of tokens per step) and needs each row's answer, a BoolTensor of shape [1]; a criterion "
+                    "that judges the whole batch at once (one bool for every row, or values indexed by the row's "
+                    "place in the batch) cannot be applied so: make it judge a row from that row's input_ids alone, "
+                    "or decode one sequence per call")
+            done |= bool(answer)
+        return done
 
     def put(emitted: list[list[int]]) -> None:
         """The streamer gets row 0's new tokens one per call (``LongTensor[1]``), as ``generate`` puts them."""

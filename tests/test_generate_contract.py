@@ -539,6 +539,46 @@ def test_streamers_and_stopping_criteria_get_what_generate_gives_them(tiny, entr
             assert all(scores is None for _, scores in criterion.seen)
 
 
+class _WholeBatch(StoppingCriteria):
+    """Judges the batch as a whole: one bool (every row ends on ``token``), or per-row budgets indexed by the row's
+    place in the batch."""
+
+    def __init__(self, form: str, token: int = 5):
+        self.form, self.token = form, token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if self.form == "bool":
+            return bool((input_ids[:, -1] == self.token).all())
+        if self.form == "0-dim":
+            return (input_ids[:, -1] == self.token).all()
+        return input_ids.shape[1] - BATCH.shape[1] >= torch.tensor([4, 12, 6])  # budgets by batch position
+
+
+class _RowWise(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.isin(input_ids[:, -1], torch.tensor([6, 14, 10]))  # each row by its own last token
+
+
+@pytest.mark.parametrize("entry", ["custom_generate", "assistant_model"])
+def test_a_stopping_criterion_that_judges_the_whole_batch_is_refused_and_a_row_wise_one_is_exact(tiny, entry):
+    """hf-spec asks the criteria about one row at a time ([1, L]). One that answers for the batch (a bool, a 0-dim
+    tensor, values indexed by batch position) silently stopped rows where generate does not (a break-it finding:
+    both rows ended at the first row's budget); it is refused, naming it. A row-wise one stops as in generate."""
+    target, draft = tiny
+    run = _entry_points(target, hf_spec.DraftModelDrafter(draft, 3))[entry]
+    for form in ("bool", "0-dim", "budgets"):
+        with pytest.raises(ValueError, match=r"_WholeBatch returned .* one row of a batch of 3.*BoolTensor of shape \[1\]"):
+            run(BATCH, attention_mask=BATCH_MASK, max_new_tokens=12, do_sample=False,
+                stopping_criteria=StoppingCriteriaList([_WholeBatch(form)]))
+    kw = dict(attention_mask=BATCH_MASK, max_new_tokens=12, do_sample=False)
+    plain = target.generate(BATCH, stopping_criteria=StoppingCriteriaList([_RowWise()]), **kw)
+    assert plain.shape[1] < BATCH.shape[1] + 12 and (plain[:, -1] == target.generation_config.pad_token_id).any()
+    assert torch.equal(run(BATCH, stopping_criteria=StoppingCriteriaList([_RowWise()]), **kw), plain)
+    # one sequence: the batch is its row, so whole-batch answers mean what they mean in generate
+    single = dict(max_new_tokens=12, do_sample=False, stopping_criteria=StoppingCriteriaList([_WholeBatch("bool", 9)]))
+    assert torch.equal(run(PROMPT, **single), target.generate(PROMPT, **single))
+
+
 def test_other_decoding_algorithms_and_transformers_assisted_settings_are_refused(tiny):
     """What the loop would otherwise ignore without a word (it ran greedy decoding): contrastive search, DoLa,
     beam search, and transformers' own assisted-generation settings on the custom_generate entry point."""
