@@ -50,6 +50,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+try:  # transformers with heterogeneous (per-layer) configs
+    from transformers.integrations.heterogeneity.configuration_utils import (
+        AmbiguousGlobalPerLayerAttributeError as _PerLayerAttribute)
+except ImportError:  # older transformers: every attribute is global
+    _PerLayerAttribute = ()
+
 __all__ = ["verify_linear", "install_verify_linear", "install_upcast_prefill", "quantize_draft_int8", "is_int8_draft",
            "quantize_draft_int4", "is_int4_draft", "draft_kind",
            "measure_forms", "measured_forms", "mm_is_faster", "NEAR_TIE_BOUNDS",
@@ -242,18 +248,32 @@ def measured_attention() -> dict[tuple, tuple[float, float]]:
     return dict(_ATTENTION_MEASURED)
 
 
+def uniform_attr(config, name: str, default=None):
+    """``config.<name>``, or ``default`` where it is unset or set per layer: a heterogeneous config
+    (transformers' ``per_layer_config``; Gemma 4's full-attention layers have a ``head_dim`` of their own) raises
+    on reading such an attribute globally, and its global value would be wrong for some layers anyway. hf-spec reads
+    model shapes through it and, where it gets ``default``, leaves that layer-shape-dependent choice to transformers."""
+    try:
+        return getattr(config, name, default)
+    except _PerLayerAttribute:
+        return default
+
+
 def _gqa_key(config, dtype: torch.dtype, device, queries: int) -> tuple | None:
     """The measurement key of a CPU ``sdpa`` model with grouped-query heads (:data:`_ATTENTION_MEASURED`), or
     ``None`` where hf-spec keeps transformers' attention: other devices (CUDA's fast kernels take no packed
     queries), other attention implementations, models without grouped-query heads, head sizes over 256 and
     ``TRANSFORMERS_SDPA_FORCE_GQA=1`` (where transformers runs ``enable_gqa`` whatever the mask)."""
     text = config.get_text_config()
-    heads = getattr(text, "num_attention_heads", None)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    heads = uniform_attr(text, "num_attention_heads")
+    kv_heads = uniform_attr(text, "num_key_value_heads") or heads
     if (torch.device(device).type != "cpu" or getattr(text, "_attn_implementation", None) != "sdpa" or not heads
             or heads == kv_heads or heads % kv_heads):
         return None
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    try:
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    except _PerLayerAttribute:  # head sizes that differ by layer: one measurement would not stand for them
+        return None
     if head_dim > 256 or os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1":
         return None
     return kv_heads, heads // kv_heads, head_dim, dtype, torch.get_num_threads(), queries
@@ -658,7 +678,7 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
         raise ValueError("an int8 draft is made from a float32 model on the CPU (torch's dynamic int8 kernels are "
                          "CPU-only): load the draft in float32 on the CPU, or use a bfloat16 draft on a GPU")
     text = model.config.get_text_config()
-    down_shape = (getattr(text, "intermediate_size", None), getattr(text, "hidden_size", None))
+    down_shape = (uniform_attr(text, "intermediate_size"), uniform_attr(text, "hidden_size"))
     spec, down = {}, []
     for name, module in model.named_modules():
         if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):

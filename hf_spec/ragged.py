@@ -85,13 +85,18 @@ def layer_kinds(config, cache) -> list[str]:
 
 
 #: what a cache layer class that :func:`check_cache_layers` refuses holds, in words
-_LAYER_WORDS = {"DummyLayer": "keys and values shared from another layer, or no attention",
-                "DynamicIndexedLayer": "indexed key selection",
+_LAYER_WORDS = {"DynamicIndexedLayer": "indexed key selection",
                 "chunked_attention": "attention within fixed chunks"}
+
+#: the layer kinds :class:`RaggedCache` rolls back exactly: full and sliding-window attention, and transformers'
+#: ``DummyLayer``, which holds nothing (a layer without attention, or one that attends over the keys and values an
+#: earlier layer of its kind computed, as Gemma 3n's and Gemma 4's last layers do: they see what that layer's cache
+#: returns, rolled back with it, under the mask hf-spec builds for their kind; exact in the conformance matrix)
+SUPPORTED_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "DummyLayer"})
 
 
 def check_cache_layers(config, cache, role: str = "target") -> None:
-    """Refuse a model whose cache has layers other than full or sliding-window attention (:func:`layer_kinds`).
+    """Refuse a model whose cache has layers other than :data:`SUPPORTED_LAYER_KINDS` (:func:`layer_kinds`).
 
     Args:
         config: the model's config.
@@ -101,7 +106,7 @@ def check_cache_layers(config, cache, role: str = "target") -> None:
     Raises:
         ValueError: naming the layer kinds (with what they hold), saying what to do instead.
     """
-    unsupported = sorted(set(layer_kinds(config, cache)) - {"full_attention", "sliding_attention"})
+    unsupported = sorted(set(layer_kinds(config, cache)) - SUPPORTED_LAYER_KINDS)
     if unsupported:
         named = ", ".join(f"{kind} ({_LAYER_WORDS[kind]})" if kind in _LAYER_WORDS else
                           f"{kind} (recurrent state)" if "Linear" in kind else kind for kind in unsupported)
@@ -110,9 +115,9 @@ def check_cache_layers(config, cache, role: str = "target") -> None:
                   "(NgramDrafter, SuffixDrafter)")
         raise ValueError(
             f"the {role} model has layers of kind {named}: hf-spec rolls the cache back after rejected "
-            "drafts and masks each row by itself, which it can do for full and sliding-window attention only "
-            "(not for chunked attention, linear attention or other recurrent states, or shared key-value layers); "
-            f"{advice}")
+            "drafts and masks each row by itself, which it can do for full and sliding-window attention (and layers "
+            "that reuse those keys and values) only, not for chunked attention, linear attention or other recurrent "
+            f"states; {advice}")
 
 
 #: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
@@ -437,6 +442,8 @@ class RaggedCache:
         if depth:
             index[:, 1:1 + depth] = (path.to(index.device) + 1).clamp(min=0)
         for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None:  # a DummyLayer holds nothing (SUPPORTED_LAYER_KINDS)
+                continue
             for name in ("keys", "values"):
                 t = getattr(layer, name)
                 tail = t[:, :, start:].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))

@@ -67,6 +67,16 @@ def _gemma3n(num_hidden_layers: int, num_kv_shared_layers: int):
                                 activation_sparsity_pattern=[0.0] * num_hidden_layers, **llama_like)
 
 
+def _gemma4(num_kv_shared_layers: int = 2, **kwargs):
+    """A tiny Gemma 4 text config of 4 layers (sliding, full, sliding, full): a heterogeneous config (its full layers
+    have a head size of their own), per-layer inputs, the last ``num_kv_shared_layers`` layers reusing keys and
+    values."""
+    llama_like = {k: v for k, v in _LLAMA_LIKE.items() if k != "num_hidden_layers"}
+    return tf.Gemma4TextConfig(head_dim=8, sliding_window=WINDOW, layer_types=_HYBRID * 2, num_hidden_layers=4,
+                               num_kv_shared_layers=num_kv_shared_layers, hidden_size_per_layer_input=8,
+                               vocab_size_per_layer_input=VOCAB, **llama_like, **kwargs)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture of the matrix: a name, how to build its tiny config, its model class."""
@@ -153,8 +163,14 @@ ARCHITECTURES = [
     Arch("Gemma 3n (AltUp)", lambda: _gemma3n(num_hidden_layers=2, num_kv_shared_layers=0), tf.Gemma3nForCausalLM,
          f"AltUp streams, per-layer inputs, hybrid, window {WINDOW}"),
     Arch("Gemma 3n (shared keys and values)", lambda: _gemma3n(num_hidden_layers=4, num_kv_shared_layers=2),
-         tf.Gemma3nForCausalLM, "the last 2 of 4 layers reuse earlier layers' keys and values, as released",
-         refusal="DummyLayer"),
+         tf.Gemma3nForCausalLM, "the last 2 of 4 layers reuse earlier layers' keys and values, as released"),
+    Arch("Gemma 4 (shared keys and values)", lambda: _gemma4(use_double_wide_mlp=True), tf.Gemma4ForCausalLM,
+         "head sizes per layer, per-layer inputs, the last 2 of 4 layers reuse keys and values, hybrid, "
+         f"window {WINDOW}"),
+    Arch("Gemma 4 (MoE, keys as values)", lambda: _gemma4(num_kv_shared_layers=0, attention_k_eq_v=True,
+                                                         enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                         moe_intermediate_size=32),
+         tf.Gemma4ForCausalLM, f"head sizes per layer, MoE, hybrid, window {WINDOW}"),
     Arch("LFM2 (short convolutions)", lambda: tf.Lfm2Config(layer_types=["conv", "full_attention"], **_LLAMA_LIKE),
          tf.Lfm2ForCausalLM, "a convolution layer", refusal="recurrent state"),
 ]
