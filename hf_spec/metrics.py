@@ -69,7 +69,9 @@ def count_positions(reached: list, accepted: list, k: int, num_accepted: int, we
 class SpecStats:
     """Counters of one generate call (or, via :meth:`merge`, of many).
 
-    Use it as an event listener: ``stats(event)`` records one :class:`StepEvent`.
+    Use it as an event listener: ``stats(event)`` records one :class:`StepEvent`. A listener kept over several
+    calls (one at a time) counts them all as :meth:`merge` adds them (times summed, TTFT too), but for
+    :attr:`per_row`, which holds the last call's rows.
     """
 
     num_drafts: int = 0
@@ -100,13 +102,22 @@ class SpecStats:
     #: "accepted_tokens"}`` (row-steps it drafted, tokens it drafted, of them accepted)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     #: with a batch (B > 1): the statistics of each row, by its index in the batch (``time`` fields: until
-    #: that row finished)
+    #: that row finished); a listener kept over calls: the last call's
     per_row: dict[int, "SpecStats"] = field(default_factory=dict)
     #: the drafter's :attr:`~hf_spec.drafters.base.Drafter.method` (``StepEvent.method``); ``None`` without one;
     #: merged statistics of several drafters list theirs, ``", "``-separated
     method: str | None = None
 
+    def __post_init__(self):
+        # a listener kept over calls adds each call's times as merge() does: the seconds of the calls before this
+        # one, and this call's clock at its last event
+        self._before_s, self._last_s = self.total_s, 0.0
+
     def __call__(self, event: StepEvent) -> None:
+        if event.step == 0:  # a call starts (one at a time per listener)
+            if self.num_target_forwards:  # a listener kept over calls: per_row is this call's rows
+                self.per_row = {}
+            self._before_s, self._last_s = self.total_s, 0.0
         if len(event.emitted) > 1 or self.per_row:
             for i, row in enumerate(event.rows if event.rows is not None else range(len(event.emitted))):
                 self.per_row.setdefault(row, SpecStats())(
@@ -125,11 +136,12 @@ class SpecStats:
         self.verify_time_s += event.verify_time_s
         if event.step > 0:  # every row in the step waited for it (a finished row has left the batch)
             rows = sum(1 for emitted in event.emitted if emitted)
-            self.decode_s += (event.time_s - self.total_s) * rows
+            self.decode_s += (event.time_s - self._last_s) * rows
             self.decode_tokens += sum(len(emitted) for emitted in event.emitted)
-        self.total_s = event.time_s
+        self._last_s = event.time_s
+        self.total_s = self._before_s + event.time_s
         if event.step == 0:
-            self.ttft_s = event.time_s
+            self.ttft_s += event.time_s
             self.num_sequences += len(event.emitted)
         else:
             self.k_per_step.append(event.num_speculative_tokens)

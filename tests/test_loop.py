@@ -55,6 +55,31 @@ def test_statistics_identities(tiny):
         assert 0 < s.ttft_s <= s.total_s
 
 
+def test_a_listener_kept_over_calls_counts_them_as_merge_does(tiny):
+    """One SpecStats passed as event listener to several calls (the user guide's way without
+    return_dict_in_generate): its times were the last call's (total_s, ttft_s), so tokens/s read 4.7x too high in a
+    break-it run, and per_row added rows of different calls by index. Now every figure is merge()'s over the calls'
+    own statistics, and per_row is the last call's rows."""
+    target, draft = tiny
+    batch = torch.tensor([[1, 1, 0, 5, 9, 5], [0, 4, 8, 12, 4, 8]])
+    calls = [dict(inputs=PROMPT), dict(inputs=batch, attention_mask=(batch != 1).long()), dict(inputs=PROMPT[:, :6]),
+             dict(inputs=batch, attention_mask=(batch != 1).long())]
+    kept, merged = hf_spec.SpecStats(), hf_spec.SpecStats()
+    for kw in calls:
+        out = target.generate(**kw, max_new_tokens=12, do_sample=False, custom_generate=hf_spec.generate,
+                              return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), event_listeners=[kept])
+        merged.merge(out.stats)
+    last = out.stats
+    for name in ("num_emitted_tokens", "num_sequences", "num_target_forwards", "num_draft_tokens",
+                 "num_accepted_tokens", "decode_tokens", "k_per_step", "accepted_per_position"):
+        assert getattr(kept, name) == getattr(merged, name), name
+    for name in ("total_s", "ttft_s", "decode_s", "tokens_per_s", "tpot_s"):
+        assert getattr(kept, name) == pytest.approx(getattr(merged, name), rel=1e-9), name
+    assert kept.total_s > last.total_s
+    assert {r: s.num_emitted_tokens for r, s in kept.per_row.items()} == \
+        {r: s.num_emitted_tokens for r, s in last.per_row.items()}
+
+
 def test_tpot_is_per_sequence_in_a_batch_and_across_merged_calls(tiny):
     """A batch's TPOT was its wall time over all its rows' tokens, below every row's own (rows decode at the same
     time), and merged calls took the first token off once: now each sequence's time after its first token over the
