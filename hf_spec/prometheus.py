@@ -253,16 +253,18 @@ class PrometheusMetrics:
         """
         labels = self._labels(method, model_name)
         hist = {key: h.labels(*labels) for key, h in self.histograms.items()}
-        # per thread (a call's events come on its thread): batch row -> [first token time, last token time, tokens]
-        calls: dict[int, dict[int, list]] = {}
+        # per thread (a call's events come on its thread): batch row -> [first token time, last token time, tokens];
+        # thread-local, so a call that failed mid-way leaves nothing once its thread ends (a dict by thread id kept
+        # such calls' rows), and a thread's next call starts afresh
+        calls = threading.local()
 
         def on_event(event: StepEvent) -> None:
             one = SpecStats()
             one(event)
             self._count(one, labels)
             if event.step == 0:
-                calls[threading.get_ident()] = {}  # a new call in this thread
-            requests = calls.get(threading.get_ident(), {})
+                calls.requests = {}  # a new call in this thread
+            requests = getattr(calls, "requests", {})
             rows = event.rows if event.rows is not None else range(len(event.emitted))
             for row, emitted, finished in zip(rows, event.emitted, event.finished):
                 if event.step == 0:
@@ -286,7 +288,7 @@ class PrometheusMetrics:
                     hist["decode"].observe(last - first)
                     hist["tpot"].observe((last - first) / (n - 1) if n > 1 else 0.0)
             if not requests:  # the call is over
-                calls.pop(threading.get_ident(), None)
+                calls.requests = {}
 
         return on_event
 
