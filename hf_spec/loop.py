@@ -38,8 +38,8 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import (RaggedCache, check_cache_layers, check_key_selection, check_tree_model, crop_cache_to,
-                     positions_from_slots, slot_window)
+from .ragged import (RaggedCache, check_block_forward, check_cache_layers, check_key_selection, check_tree_model,
+                     crop_cache_to, positions_from_slots, slot_window)
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -134,8 +134,11 @@ def generate(
             an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
             (:func:`~hf_spec.ragged.positions_from_slots`: MPT); a batch or a tree on a model whose layers window
             attention by cache slot (:func:`~hf_spec.ragged.slot_window`: GPT-Neo's local layers); a call on Doge
-            that passes its ``keep_window_size`` (:func:`~hf_spec.ragged.check_key_selection`); an offloaded
-            cache where hf-spec decodes in a cache of its own (a batch, or a sliding-window model).
+            that passes its ``keep_window_size`` (:func:`~hf_spec.ragged.check_key_selection`); a model whose
+            forward over several tokens differs from one token at a time (:func:`~hf_spec.ragged.check_block_forward`:
+            Dory with ``recurrent_kv_cache_mode="last_loop"``); an offloaded cache where hf-spec decodes in a cache
+            of its own (a batch, or a sliding-window model); a stopping criterion that answers for the whole batch
+            (not a ``BoolTensor[1]`` for the row it is asked about).
 
     Streamers get the prompt first, then one new token per ``put`` (``LongTensor[1]``), as ``generate`` gives them;
     stopping criteria are called per row (``input_ids [1, L]``) after each new token, with the row's scores so far
@@ -458,6 +461,7 @@ def _speculative_decode(
             "sequence per call (batch size 1) with this model, or use plain generate for the batch")
     if drafter is not None:
         check_key_selection(model, generation_config.max_length)
+        check_block_forward(model)
     if streamer is not None and bsz > 1:
         raise ValueError("a streamer takes one sequence; use batch size 1, or event_listeners for a batch")
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()

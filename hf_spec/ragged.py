@@ -37,8 +37,8 @@ from transformers.generation.utils import ALL_CACHE_NAMES
 
 from .kernels import measure_attention_choices, one_query_mask_pays, packed_attention, packed_attention_pays
 
-__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg", "check_tree_model",
-           "positions_from_slots", "slot_window", "check_key_selection"]
+__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg", "check_block_forward",
+           "check_tree_model", "positions_from_slots", "slot_window", "check_key_selection"]
 
 #: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
 #: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
@@ -200,6 +200,26 @@ def check_key_selection(model, max_length: int) -> None:
             f"more are visible, and which keys depends on the forward: a verify forward of several positions selects "
             f"others than plain decoding's steps, so output would silently differ. This call reaches {max_length} "
             f"tokens: keep the prompt plus max_new_tokens within {window}, or decode with plain model.generate")
+
+
+def check_block_forward(model) -> None:
+    """Refuse a target whose forward over several new tokens computes other states than over one token at a time,
+    which verification relies on: Dory with ``recurrent_kv_cache_mode="last_loop"`` caches only its last recurrent
+    loop's keys and values, so its earlier loops see the block's own tokens through their own keys but past tokens
+    through the last loop's (verified here: a verify forward of 2 positions changed the greedy token at the 6th new
+    token of a tiny model, logit gap 7e-3; ``"per_loop"``, the default, is exact).
+
+    Raises:
+        ValueError: naming the setting and what to do instead.
+    """
+    text = model.config.get_text_config()
+    if text.model_type == "dory" and getattr(text, "recurrent_kv_cache_mode", None) == "last_loop":
+        raise ValueError(
+            f"{type(model).__name__} with recurrent_kv_cache_mode='last_loop' caches only its last loop's keys and "
+            "values, so its earlier loops attend to past tokens through those and to the new tokens through their "
+            "own: a verify forward of several positions computes other states than plain decoding's one-token steps, "
+            "and output would silently differ. Load it with recurrent_kv_cache_mode='per_loop' (the default), or "
+            "decode with plain model.generate")
 
 
 def check_tree_model(model) -> None:

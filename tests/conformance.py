@@ -77,6 +77,14 @@ def _gemma4(num_kv_shared_layers: int = 2, **kwargs):
                                vocab_size_per_layer_input=VOCAB, **llama_like, **kwargs)
 
 
+def _dory(mode: str):
+    """A tiny Dory config: an input layer, 2 recurrent layers looped twice, an output layer; ``mode``: its
+    ``recurrent_kv_cache_mode``."""
+    llama_like = {k: v for k, v in _LLAMA_LIKE.items() if k != "num_hidden_layers"}
+    return tf.DoryConfig(head_dim=8, sliding_window=WINDOW, num_hidden_layers=4, n_input_layers=1, n_output_layers=1,
+                         n_recurrent_loops=2, recurrent_kv_cache_mode=mode, **llama_like)
+
+
 @dataclass(frozen=True)
 class Arch:
     """One architecture of the matrix: a name, how to build its tiny config, its model class."""
@@ -171,6 +179,10 @@ ARCHITECTURES = [
                                                          enable_moe_block=True, num_experts=4, top_k_experts=2,
                                                          moe_intermediate_size=32),
          tf.Gemma4ForCausalLM, f"head sizes per layer, MoE, hybrid, window {WINDOW}"),
+    Arch("Dory (looped layers)", lambda: _dory("per_loop"), tf.DoryForCausalLM,
+         f"2 recurrent loops, a cache per loop, hybrid, window {WINDOW}"),
+    Arch("Dory (last loop's cache only)", lambda: _dory("last_loop"), tf.DoryForCausalLM,
+         "earlier loops read the last loop's keys", refusal="recurrent_kv_cache_mode='last_loop'"),
     Arch("LFM2 (short convolutions)", lambda: tf.Lfm2Config(layer_types=["conv", "full_attention"], **_LLAMA_LIKE),
          tf.Lfm2ForCausalLM, "a convolution layer", refusal="recurrent state"),
 ]
