@@ -472,8 +472,8 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
             run.done = True
             models.log.write("end", run.id, phase=run.phase, tokens=run.tokens, stopped=run.stop.is_set(),
                              **({"text": run.text} if run.text is not None else {}),
-                             other_cpu_cores={phase: round(other / wall, 4) if wall > 0 else 0.0
-                                              for phase, (other, _, wall) in timed.items()})
+                             other_cpu_cores={phase: round(share[0], 4)
+                                              for phase, share in seconds_to_shares(timed).items()})
         models.lock.release()
         out.put(None)
 

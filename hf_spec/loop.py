@@ -384,7 +384,6 @@ class LmHeadInput:
     the first. What :attr:`~hf_spec.drafters.base.VerifyOutput.hidden_states` gives the drafter and what
     ``hf-spec train-medusa`` trains heads on (its hook reads the same input). Forwards in other threads (calls on the
     same model at once) are not seen.
-
     """
 
     def __init__(self, head: torch.nn.Module):
