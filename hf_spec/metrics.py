@@ -70,8 +70,8 @@ class SpecStats:
     """Counters of one generate call (or, via :meth:`merge`, of many).
 
     Use it as an event listener: ``stats(event)`` records one :class:`StepEvent`. A listener kept over several
-    calls (one at a time) counts them all as :meth:`merge` adds them (times summed, TTFT too), but for
-    :attr:`per_row`, which holds the last call's rows.
+    calls (one at a time) counts them all as :meth:`merge` adds them (times summed, TTFT too: :attr:`mean_ttft_s`
+    is the mean per call), but for :attr:`per_row`, which holds the last call's rows.
     """
 
     num_drafts: int = 0
@@ -89,8 +89,11 @@ class SpecStats:
     #: per step after the prefill: the positions the target verified per row, the drafted chain's or tree's nodes
     #: plus one (``StepEvent.positions``; 1: a plain step): with ``num_tree_nodes="auto"``, the tree sizes it chose
     positions_per_step: list[int] = field(default_factory=list)
+    #: seconds to the first token (the prefill step), summed over merged calls; :attr:`mean_ttft_s` per call
     ttft_s: float = 0.0
     total_s: float = 0.0
+    #: generate calls counted (1 for one call; merged calls and a listener kept over calls add theirs)
+    num_calls: int = 0
     #: seconds each row spent after its first token, summed over rows (rows of a batch run at the same time, each
     #: counts its own), and the tokens they emitted in that time: :attr:`tpot_s` is their ratio
     decode_s: float = 0.0
@@ -142,6 +145,7 @@ class SpecStats:
         self.total_s = self._before_s + event.time_s
         if event.step == 0:
             self.ttft_s += event.time_s
+            self.num_calls += 1
             self.num_sequences += len(event.emitted)
         else:
             self.k_per_step.append(event.num_speculative_tokens)
@@ -217,6 +221,11 @@ class SpecStats:
         return self.decode_s / self.decode_tokens if self.decode_tokens else 0.0
 
     @property
+    def mean_ttft_s(self) -> float:
+        """Seconds to the first token per call: :attr:`ttft_s` over :attr:`num_calls` (0.0 before any call)."""
+        return self.ttft_s / self.num_calls if self.num_calls else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.num_emitted_tokens / self.total_s if self.total_s > 0 else 0.0
 
@@ -229,10 +238,10 @@ class SpecStats:
         return (self.num_emitted_tokens - self.num_sequences) / best if best > 0 else 0.0
 
     def merge(self, other: "SpecStats") -> "SpecStats":
-        """Add another call's counters into this one (times add up; TTFT keeps the sum too; ``per_row`` is
-        not merged)."""
+        """Add another call's counters into this one (times add up; TTFT keeps the sum too, :attr:`mean_ttft_s`
+        is the mean per call; ``per_row`` is not merged)."""
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-                     "num_target_forwards", "num_row_steps", "num_sequences", "ttft_s", "total_s", "decode_s",
+                     "num_target_forwards", "num_row_steps", "num_sequences", "num_calls", "ttft_s", "total_s", "decode_s",
                      "decode_tokens", "draft_time_s", "verify_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self._grow(len(other.drafted_per_position))
@@ -257,13 +266,16 @@ class SpecStats:
         d = asdict(self)
         d["per_row"] = {row: stats.to_dict() for row, stats in self.per_row.items()}
         for name in ("new_tokens", "acceptance_rate", "mean_accepted_length", "acceptance_by_position",
-                     "tpot_s", "tokens_per_s", "system_efficiency"):
+                     "mean_ttft_s", "tpot_s", "tokens_per_s", "system_efficiency"):
             d[name] = getattr(self, name)
         return d
 
     def summary(self) -> str:
+        """One line: tokens, seconds and tokens/s (all calls), acceptance rate, mean accepted length, TTFT (the
+        mean per call, with the number of calls where there are several) and TPOT."""
+        calls = f" (mean of {self.num_calls} calls)" if self.num_calls > 1 else ""
         return (
             f"{self.new_tokens} tokens in {self.total_s:.2f}s ({self.tokens_per_s:.2f} tok/s), "
             f"acceptance {self.acceptance_rate:.1%}, mean accepted length {self.mean_accepted_length:.2f}, "
-            f"TTFT {self.ttft_s * 1000:.0f} ms, TPOT {self.tpot_s * 1000:.0f} ms"
+            f"TTFT {self.mean_ttft_s * 1000:.0f} ms{calls}, TPOT {self.tpot_s * 1000:.0f} ms"
         )

@@ -78,6 +78,11 @@ def test_a_listener_kept_over_calls_counts_them_as_merge_does(tiny):
     assert kept.total_s > last.total_s
     assert {r: s.num_emitted_tokens for r, s in kept.per_row.items()} == \
         {r: s.num_emitted_tokens for r, s in last.per_row.items()}
+    # TTFT is summed over calls; the summary prints the mean per call (it printed the sum as one call's TTFT)
+    assert kept.num_calls == merged.num_calls == len(calls) and last.num_calls == 1
+    assert kept.mean_ttft_s == pytest.approx(kept.ttft_s / len(calls))
+    assert f"TTFT {kept.mean_ttft_s * 1000:.0f} ms (mean of 4 calls)" in kept.summary()
+    assert f"TTFT {last.ttft_s * 1000:.0f} ms, TPOT" in last.summary()
 
 
 def test_tpot_is_per_sequence_in_a_batch_and_across_merged_calls(tiny):
