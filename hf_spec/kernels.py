@@ -647,11 +647,12 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
     """Make a float32 *draft* model on the CPU cheaper per drafted token, in place: its ``nn.Linear`` layers
     become int8 with dynamic activation quantization (weights int8 per output channel; each call quantizes its
     input per tensor at run time; torch's fbgemm kernels, VNNI where the CPU has it), except the MLP down
-    projections (``intermediate_size`` in, ``hidden_size`` out, from the config), which keep bfloat16 weights
+    projections (into ``hidden_size`` features from the MLP's wider ones), which keep bfloat16 weights
     with float32 inputs and outputs on a CPU with native bfloat16 (float32 weights elsewhere). Their inputs
     carry the few very large activations of these models, which one int8 scale per tensor loses: on
     Qwen2.5-Coder-0.5B over Spec-Bench text the draft's top-1 token agreed with its float32 self at 65% with
-    every layer int8 and at 87% with the down projections in bfloat16 (bfloat16 throughout: 98%). The rest
+    every layer int8 and at 87% with the down projections in bfloat16 (bfloat16 throughout: 98%). They are found
+    by shape (:func:`_mlp_down_projections`), so MLPs of sizes that differ by layer keep theirs too. The rest
     (embeddings, norms, attention) stays float32.
 
     A draft's rounding cannot change the output: the target verifies every drafted token, so a less accurate
@@ -677,12 +678,11 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
     if any(p.device.type != "cpu" for p in params) or any(p.dtype != torch.float32 for p in params if p.is_floating_point()):
         raise ValueError("an int8 draft is made from a float32 model on the CPU (torch's dynamic int8 kernels are "
                          "CPU-only): load the draft in float32 on the CPU, or use a bfloat16 draft on a GPU")
-    text = model.config.get_text_config()
-    down_shape = (uniform_attr(text, "intermediate_size"), uniform_attr(text, "hidden_size"))
+    down_ids = {id(m) for m in _mlp_down_projections(model)}
     spec, down = {}, []
     for name, module in model.named_modules():
         if type(module) is torch.nn.Linear and not hasattr(module, "_hf_hook"):
-            if (module.in_features, module.out_features) == down_shape:
+            if id(module) in down_ids:
                 down.append(module)
             else:
                 spec[name] = per_channel_dynamic_qconfig
@@ -696,6 +696,24 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
         warnings.simplefilter("ignore", UserWarning)
         quantize_dynamic(model, spec, inplace=True)
     return len(spec)
+
+
+def _mlp_down_projections(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The MLP down projections of ``model``: ``nn.Linear`` layers into ``hidden_size`` features from more (or from
+    the config's ``intermediate_size``), outside attention modules (whose output projection may also widen: Gemma 3's
+    heads x head size exceed its hidden size). By shape rather than the config's one ``intermediate_size``, which
+    heterogeneous configs leave unset or set per layer (Gemma 3n's list, Gemma 4's double-wide MLPs)."""
+    text = model.config.get_text_config()
+    hidden, intermediate = uniform_attr(text, "hidden_size"), uniform_attr(text, "intermediate_size")
+    found = []
+    for parent in model.modules():
+        if "attention" in type(parent).__name__.lower():
+            continue
+        for child in parent.children():
+            if (type(child) is torch.nn.Linear and child.out_features == hidden
+                    and (child.in_features > hidden or child.in_features == intermediate)):
+                found.append(child)
+    return found
 
 
 def is_int8_draft(model: torch.nn.Module) -> bool:

@@ -186,6 +186,35 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
         quantize_draft_int8(tiny_llama().to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("name", ["Gemma 3n (shared keys and values)", "Gemma 4 (shared keys and values)", "OPT",
+                                  "GPT-NeoX", "Gemma 3"])
+def test_an_int8_draft_finds_down_projections_of_any_size_and_name(name):
+    """The down projections were found by the config's one intermediate_size: Gemma 3n's per-layer list matched none
+    and Gemma 4's double-wide MLPs only some, so theirs became int8 (the outliers their inputs carry, lost). Now by
+    shape outside attention: every MLP's, whatever it is called (down_proj, fc2, dense_4h_to_h), and no attention
+    output projection (Gemma 3's heads x head size are wider than its hidden size)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    from . import conformance as C
+
+    arch = next(a for a in C.ARCHITECTURES if a.name == name)
+    model = arch.model(arch.config()).float().eval()
+    hidden = model.config.get_text_config().hidden_size
+    expected = {id(m) for n, m in model.named_modules()
+                if n.rsplit(".", 1)[-1] in ("down_proj", "fc2", "dense_4h_to_h") and type(m) is torch.nn.Linear}
+    assert expected
+    sizes = {m.in_features for n, m in model.named_modules() if id(m) in expected}
+    quantize_draft_int8(model)
+    kept = {id(m) for m in model.modules() if type(m) is torch.nn.Linear}
+    assert expected <= kept  # every down projection kept its (bfloat16 or float32) weight
+    assert not [n for n, m in model.named_modules()
+                if type(m) is torch.nn.Linear and id(m) not in expected and m.out_features == hidden
+                and "attn" in n]  # attention output projections are int8
+    assert any(isinstance(m, DynamicLinear) for m in model.modules())
+    if name.startswith("Gemma 4"):
+        assert len(sizes) == 2  # the double-wide MLPs too
+
+
 def _int4_reference(weight: torch.Tensor, group: int) -> torch.Tensor:
     """What a 4-bit weight should hold, computed here independently of kernels._int4_pack: each group of ``group``
     input channels of a row on 16 levels from its minimum, the step (max - min) / 15 and the offset held in
