@@ -448,7 +448,7 @@ def _work(models: DemoModels, run: _Run, inputs, kwargs: dict, plain: bool, reco
         out.put(("phase", "speculative"))
         with OtherCpu() as other:
             res = models.target.generate(**inputs, custom_generate=spec_generate, return_dict_in_generate=True,
-                                         event_listeners=[lambda ev: out.put(("step", ev))],
+                                         event_listeners=[lambda ev: None if ev.aborted else out.put(("step", ev))],
                                          stopping_criteria=StoppingCriteriaList([run]), tokenizer=tok, **kwargs)
         timed["speculative"] = (other.other_s, other.steal_s, other.wall_s)
         out.put(("load", "speculative", timed["speculative"]))

@@ -52,6 +52,16 @@ class StepEvent:
             ``num_accepted`` nodes.
         method: the drafter's :attr:`~hf_spec.drafters.base.Drafter.method` (its label in statistics and metrics);
             ``None`` without a drafter (plain decoding) and in hand-built events.
+        prompt_tokens: at step 0, per row, its prompt's tokens (without its left padding); ``None`` after it and
+            in hand-built events.
+        finish_reasons: per row, vLLM's finish reason once ``finished``: ``"length"`` (``max_new_tokens`` or
+            ``max_length`` reached, checked first as vLLM does), ``"stop"`` (EOS, a stop string or another
+            stopping criterion), ``"abort"`` (the call raised first: see ``aborted``); ``None`` for a row still
+            running. ``None`` in hand-built events.
+        aborted: ``True`` for the one event the loop sends the caller's ``event_listeners`` when the call raises
+            after its first event (an exception, ``KeyboardInterrupt``): the rows still running, each ``finished``
+            with reason ``"abort"``, nothing drafted or emitted, no target forward; then the error propagates.
+            A listener counting forwards or tokens skips it (:class:`~hf_spec.metrics.SpecStats` does).
     """
 
     step: int
@@ -70,6 +80,9 @@ class StepEvent:
     positions: int = 0
     accepted_path: list[list[int]] | None = field(default=None)
     method: str | None = field(default=None)
+    prompt_tokens: list[int] | None = field(default=None)
+    finish_reasons: list[str | None] | None = field(default=None)
+    aborted: bool = False
 
 
 EventListener = Callable[[StepEvent], None]

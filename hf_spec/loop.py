@@ -474,7 +474,8 @@ def _speculative_decode(
     vocab_size = logit_rows(model)
     # the drafter of this call: a copy bound to it, so the caller's object never changes
     session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
-    listeners = [stats := SpecStats()] + list(event_listeners or [])
+    user_listeners = list(event_listeners or [])
+    listeners = [stats := SpecStats()] + user_listeners
     if controller is not None:
         # T_1 depends on the target, device, batch size and context length, not on the text: start from the
         # last call's with that shape
@@ -530,9 +531,39 @@ def _speculative_decode(
     active = list(range(bsz))  # original indices of the rows still in the batch
     finished = [False] * bsz
 
+    last_event: list[StepEvent] = []  # the latest event every listener took (abort_unfinished reads it)
+
     def emit(event: StepEvent) -> None:
         for listener in listeners:
             listener(event)
+        last_event[:] = [event]
+
+    def finish_reasons(batch_rows) -> list[str | None]:
+        """vLLM's finish reason of each row: ``"length"`` at ``max_length`` (vLLM checks the length first),
+        ``"stop"`` where EOS, a stop string or another criterion ended it, ``None`` while it runs."""
+        return [None if not finished[b] else "length" if len(rows[b]) >= max_length else "stop" for b in batch_rows]
+
+    def abort_unfinished(exc_type, exc, tb) -> bool:
+        """When the call raises after its first event: one event for the caller's listeners with the rows still
+        running, ``aborted`` and finish reason ``"abort"``, so that metrics can close those requests (vLLM counts
+        them as aborted). No forward happened; the call's own listeners (statistics, controllers) do not get it.
+        A listener that raises here is logged, so the call's own error is what propagates."""
+        if exc_type is None or not last_event:
+            return False
+        last = last_event[0]
+        running = [row for row, done in zip(last.rows, last.finished) if not done]
+        if running:
+            event = StepEvent(last.step + 1, 0, [[] for _ in running], [0] * len(running), [[] for _ in running],
+                              0.0, 0.0, clock(device) - t0, [True] * len(running), rows=running, method=method,
+                              finish_reasons=["abort"] * len(running), aborted=True)
+            for listener in user_listeners:
+                try:
+                    listener(event)
+                except Exception:  # the call's own error matters more
+                    logger.exception("hf_spec: an event listener raised on the abort event")
+        return False
+
+    call.push(abort_unfinished)
 
     def append_until_stop(b: int, new: list[int], new_scores: torch.Tensor | None) -> list[int]:
         """Append tokens to row b one by one, checking the stopping criteria after each (exact stop). With
@@ -629,7 +660,8 @@ def _speculative_decode(
     put(emitted)
     method = session.method if session is not None else None  # the drafter's label in events and statistics
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,
-                   clock(device) - t0, list(finished), rows=list(active), method=method))
+                   clock(device) - t0, list(finished), rows=list(active), method=method,
+                   prompt_tokens=[input_ids.shape[1] - pad for pad in pad_len], finish_reasons=finish_reasons(active)))
 
     step = 0
     score_checks = {"probabilities": True}  # the look for probabilities: until a step has drafted under sampling
@@ -764,7 +796,7 @@ def _speculative_decode(
                 parents=[parents_list[i][: ndr[i]] for i in range(n_rows)] if parents_list else None,
                 positions=k + 1,
                 accepted_path=[nodes[i][: len(emitted[i])] for i in range(n_rows)],
-                method=method,
+                method=method, finish_reasons=finish_reasons(active),
             )
         )
     if session is not None:

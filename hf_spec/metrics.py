@@ -81,6 +81,8 @@ class SpecStats:
     num_target_forwards: int = 0
     num_row_steps: int = 0
     num_sequences: int = 0
+    #: prompt tokens of the sequences counted (without left padding): vLLM's ``prompt_tokens``
+    num_prompt_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     #: per draft position i: row-steps with a draft attempt whose first i drafted tokens were accepted
@@ -117,6 +119,8 @@ class SpecStats:
         self._before_s, self._last_s = self.total_s, 0.0
 
     def __call__(self, event: StepEvent) -> None:
+        if event.aborted:  # a failed call's last word: no forward, nothing emitted
+            return
         if event.step == 0:  # a call starts (one at a time per listener)
             if self.num_target_forwards:  # a listener kept over calls: per_row is this call's rows
                 self.per_row = {}
@@ -131,7 +135,8 @@ class SpecStats:
                               parents=[event.parents[i]] if event.parents is not None else None,
                               positions=event.positions,
                               accepted_path=[event.accepted_path[i]] if event.accepted_path is not None else None,
-                              method=event.method))
+                              method=event.method,
+                              prompt_tokens=[event.prompt_tokens[i]] if event.prompt_tokens is not None else None))
         if event.method is not None and event.method != self.method:  # a listener kept over calls: each one's
             self._add_method(event.method)
         self.num_target_forwards += 1
@@ -147,6 +152,7 @@ class SpecStats:
             self.ttft_s += event.time_s
             self.num_calls += 1
             self.num_sequences += len(event.emitted)
+            self.num_prompt_tokens += sum(event.prompt_tokens or ())
         else:
             self.k_per_step.append(event.num_speculative_tokens)
             self.positions_per_step.append(event.positions)
@@ -241,7 +247,7 @@ class SpecStats:
         """Add another call's counters into this one (times add up; TTFT keeps the sum too, :attr:`mean_ttft_s`
         is the mean per call; ``per_row`` is not merged)."""
         for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
-                     "num_target_forwards", "num_row_steps", "num_sequences", "num_calls", "ttft_s", "total_s", "decode_s",
+                     "num_target_forwards", "num_row_steps", "num_sequences", "num_prompt_tokens", "num_calls", "ttft_s", "total_s", "decode_s",
                      "decode_tokens", "draft_time_s", "verify_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self._grow(len(other.drafted_per_position))

@@ -24,7 +24,15 @@ Counters (prometheus-client appends ``_total`` in the exposition, as for vLLM):
   position was accepted; every position up to the largest k asked for so far has a series (0 where nothing was
   accepted), as vLLM has one for each position up to its k;
 - ``vllm:generation_tokens``: generated tokens (accepted drafted tokens plus the target's own token of each
-  forward; :attr:`SpecStats.num_emitted_tokens <hf_spec.metrics.SpecStats>`).
+  forward; :attr:`SpecStats.num_emitted_tokens <hf_spec.metrics.SpecStats>`);
+- ``vllm:prompt_tokens``: prompt tokens of the requests (without left padding; ``SpecStats.num_prompt_tokens``);
+- ``vllm:request_success`` (label ``finished_reason``: ``stop``, ``length``, ``abort``; :meth:`listener` only):
+  finished requests by vLLM's finish reason (``StepEvent.finish_reasons``: ``length`` at ``max_new_tokens``,
+  ``stop`` at EOS, a stop string or another stopping criterion, ``abort`` for the rows a call that raised left
+  unfinished). Every reason has a series from the start, as in vLLM.
+
+Gauges (:meth:`listener` only): ``vllm:num_requests_running``, the requests (batch rows) of the calls in
+progress; ``vllm:num_requests_waiting``, always 0 (no queue: a call runs all its rows at once).
 
 Histograms (seconds; a batch row is one request; times are measured from the start of hf-spec's decoding
 loop, where vLLM measures from the request's arrival at its server; hf-spec has no queue, so vLLM's
@@ -41,7 +49,20 @@ loop, where vLLM measures from the request's arrival at its server; hf-spec has 
 - ``vllm:e2e_request_latency_seconds``, ``vllm:request_inference_time_seconds``: per finished request, the time
   of its last step;
 - ``vllm:request_prefill_time_seconds``: per finished request, the time of the prefill step;
-- ``vllm:request_decode_time_seconds``: per finished request, from its first token to its last.
+- ``vllm:request_decode_time_seconds``: per finished request, from its first token to its last;
+- ``vllm:time_per_output_token_seconds``: the observations of ``inter_token_latency_seconds`` under the name
+  vLLM used for them before PR #24110 and which its example Grafana dashboard
+  (``examples/online_serving/prometheus_grafana/grafana.json``) still reads.
+
+Histograms of token counts per finished request, in vLLM's 1-2-5 buckets up to ``max_model_len``:
+``vllm:request_prompt_tokens``, ``vllm:request_generation_tokens`` and ``vllm:request_max_num_generation_tokens``
+(the longest sequence of the request's group; hf-spec's requests have one sequence, so it equals the previous).
+A request that a failed call left unfinished (``abort``) is counted in ``request_success`` and its tokens in the
+counters, but observed in no latency or length histogram.
+
+Not exported (nothing in hf-spec measures them): ``request_queue_time_seconds``, KV-cache and prefix-cache usage
+(``kv_cache_usage_perc``, ``gpu_cache_usage_perc``: hf-spec has no block pool), preemptions, ``iteration_tokens_total``
+and the ``request_params_*`` histograms.
 
 Ratios are left to PromQL, as vLLM does (``docs/user-guide.md`` lists the queries): the acceptance rate is
 ``rate(vllm:spec_decode_num_accepted_tokens_total[5m]) / rate(vllm:spec_decode_num_draft_tokens_total[5m])``.
@@ -76,7 +97,15 @@ _COUNTERS = (
     ("num_accepted_tokens", "spec_decode_num_accepted_tokens", "Number of accepted draft tokens."),
     ("num_emitted_tokens", "generation_tokens",
      "Number of generation tokens: accepted draft tokens plus one token of the target per forward and request."),
+    ("num_prompt_tokens", "prompt_tokens", "Number of prefill tokens processed."),
 )
+
+#: vLLM's finish reasons (``vllm.v1.engine.FinishReason``), the values of ``request_success``'s ``finished_reason``
+FINISH_REASONS = ("stop", "length", "abort")
+
+#: the ``max_model_len`` the token-count histograms' buckets reach to where none is given and the model does not
+#: say (vLLM builds them from its server's ``max_model_len``)
+DEFAULT_MAX_MODEL_LEN = 131072
 
 #: vLLM v1's bucket boundaries, in seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -94,6 +123,9 @@ _HISTOGRAMS = {
             TOKEN_LATENCY_BUCKETS),
     "tpot": ("request_time_per_output_token_seconds",
              "Histogram of time per output token (after the first) per request, in seconds.", TOKEN_LATENCY_BUCKETS),
+    "tpot_iteration": ("time_per_output_token_seconds",
+                       "Histogram of time per output token in seconds (vLLM's earlier name of inter_token_latency: "
+                       "the same observations).", TOKEN_LATENCY_BUCKETS),
     "e2e": ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
     "inference": ("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
                   REQUEST_LATENCY_BUCKETS),
@@ -103,7 +135,28 @@ _HISTOGRAMS = {
                REQUEST_LATENCY_BUCKETS),
 }
 
+#: key -> (metric name after the prefix, help text): histograms of token counts per finished request, in vLLM's
+#: 1-2-5 buckets up to ``max_model_len`` (:func:`build_1_2_5_buckets`)
+_TOKEN_HISTOGRAMS = {
+    "prompt_tokens": ("request_prompt_tokens", "Number of prefill tokens processed."),
+    "generation_tokens": ("request_generation_tokens", "Number of generation tokens processed."),
+    "max_generation_tokens": ("request_max_num_generation_tokens",
+                              "Histogram of maximum number of requested generation tokens."),
+}
+
 _PREFIX = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's buckets for token counts: 1, 2, 5, 10, 20, 50, ... up to ``max_value`` (``vllm/v1/metrics/loggers.py``,
+    ``build_1_2_5_buckets``)."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
 
 
 def _served_name(model_name) -> str:
@@ -144,21 +197,25 @@ class PrometheusMetrics:
             the process-wide one); default: a new registry of its own, so several instances never collide.
         prefix: prepended to every metric name (default ``"vllm:"``, see above); a Prometheus metric-name
             prefix (letters, digits, ``_`` and ``:``, not starting with a digit), or ``""``.
+        max_model_len: the longest sequence in tokens (vLLM's ``--max-model-len``): the token-count histograms'
+            buckets go 1, 2, 5, 10, ... up to it. Default: the context of the model given as ``model_name``
+            (:func:`hf_spec.prompts.model_context`), else :data:`DEFAULT_MAX_MODEL_LEN`.
 
     Raises:
         ImportError: ``prometheus-client`` is not installed (``pip install prometheus-client``).
         TypeError: ``model_name`` is neither a string nor a model with a ``name_or_path``.
-        ValueError: an empty ``model_name``, a bad ``engine`` or ``prefix``, or metrics of these names already
-            in ``registry`` (another ``PrometheusMetrics``, or vLLM, in this process).
+        ValueError: an empty ``model_name``, a bad ``engine``, ``prefix`` or ``max_model_len``, or metrics of these
+            names already in ``registry`` (another ``PrometheusMetrics``, or vLLM, in this process).
 
     Attributes:
         registry: the ``CollectorRegistry`` holding the metrics (``prometheus_client.generate_latest(registry)``
             renders it).
     """
 
-    def __init__(self, model_name=None, engine: int | str = "0", *, registry=None, prefix: str = "vllm:"):
+    def __init__(self, model_name=None, engine: int | str = "0", *, registry=None, prefix: str = "vllm:",
+                 max_model_len: int | None = None):
         try:
-            from prometheus_client import CollectorRegistry, Counter, Histogram
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         except ImportError as e:  # pragma: no cover - a dependency of hf-spec
             raise ImportError("Prometheus export needs prometheus-client: pip install prometheus-client") from e
         if not isinstance(prefix, str) or (prefix and not _PREFIX.fullmatch(prefix)):
@@ -168,6 +225,15 @@ class PrometheusMetrics:
                                             or isinstance(engine, str) and engine):
             raise ValueError(f"engine must be an int >= 0 or a non-empty string (vLLM's engine index, '0'), "
                              f"not {engine!r}")
+        if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                          or max_model_len < 1):
+            raise ValueError(f"max_model_len must be an int >= 1 (the longest sequence, in tokens: vLLM's "
+                             f"--max-model-len), not {max_model_len!r}")
+        if max_model_len is None and model_name is not None and not isinstance(model_name, str):
+            from .prompts import model_context
+
+            max_model_len = model_context(model_name)
+        self.max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
         self.model_name = None if model_name is None else _served_name(model_name)
         self.engine = str(engine)
         self.prefix = prefix
@@ -186,6 +252,20 @@ class PrometheusMetrics:
             for key, (name, doc, buckets) in _HISTOGRAMS.items():
                 self.histograms[key] = Histogram(prefix + name, doc, LABELS, buckets=buckets, registry=self.registry)
                 created.append(self.histograms[key])
+            token_buckets = build_1_2_5_buckets(self.max_model_len)
+            for key, (name, doc) in _TOKEN_HISTOGRAMS.items():
+                self.histograms[key] = Histogram(prefix + name, doc, LABELS, buckets=token_buckets,
+                                                 registry=self.registry)
+                created.append(self.histograms[key])
+            self.request_success = Counter(prefix + "request_success", "Count of successfully processed requests.",
+                                           LABELS + ("finished_reason",), registry=self.registry)
+            created.append(self.request_success)
+            self.running = Gauge(prefix + "num_requests_running", "Number of requests in model execution batches.",
+                                 LABELS, registry=self.registry)
+            created.append(self.running)
+            self.waiting = Gauge(prefix + "num_requests_waiting", "Number of requests waiting to be processed.",
+                                 LABELS, registry=self.registry)
+            created.append(self.waiting)
         except ValueError as e:  # prometheus-client: "Duplicated timeseries in CollectorRegistry"
             for metric in created:
                 self.registry.unregister(metric)
@@ -253,6 +333,9 @@ class PrometheusMetrics:
         """
         labels = self._labels(method, model_name)
         hist = {key: h.labels(*labels) for key, h in self.histograms.items()}
+        success = {reason: self.request_success.labels(*labels, reason) for reason in FINISH_REASONS}
+        running = self.running.labels(*labels)
+        self.waiting.labels(*labels).set(0)  # no queue: a call runs its rows at once
         # per thread (a call's events come on its thread): batch row -> [first token time, last token time, tokens];
         # thread-local, so a call that failed mid-way leaves nothing once its thread ends (a dict by thread id kept
         # such calls' rows), and a thread's next call starts afresh
@@ -262,31 +345,46 @@ class PrometheusMetrics:
             one = SpecStats()
             one(event)
             self._count(one, labels)
-            if event.step == 0:
-                calls.requests = {}  # a new call in this thread
+            if event.step == 0:  # a new call in this thread
+                for _ in getattr(calls, "requests", {}):  # one left running (events built by hand): closed
+                    running.dec()
+                    success["abort"].inc()
+                calls.requests = {}
             requests = getattr(calls, "requests", {})
             rows = event.rows if event.rows is not None else range(len(event.emitted))
-            for row, emitted, finished in zip(rows, event.emitted, event.finished):
+            reasons = event.finish_reasons or [None] * len(event.emitted)
+            prompts = event.prompt_tokens or [0] * len(event.emitted)
+            for row, emitted, finished, reason, prompt in zip(rows, event.emitted, event.finished, reasons, prompts):
                 if event.step == 0:
                     if not emitted:
                         continue
                     hist["ttft"].observe(event.time_s)
-                    requests[row] = [event.time_s, event.time_s, len(emitted)]
+                    requests[row] = [event.time_s, event.time_s, len(emitted), prompt]
+                    running.inc()
                 else:
                     request = requests.get(row)
                     if request is None:  # its prefill was not seen by this listener
                         continue
                     if emitted:
                         hist["itl"].observe(event.time_s - request[1])
+                        hist["tpot_iteration"].observe(event.time_s - request[1])
                         request[1] = event.time_s
                         request[2] += len(emitted)
                 if finished and row in requests:
-                    first, last, n = requests.pop(row)
+                    first, last, n, prompt = requests.pop(row)
+                    running.dec()
+                    if reason in success:  # hand-built events may give none
+                        success[reason].inc()
+                    if event.aborted:  # no finished request's latencies or lengths (its tokens are counted)
+                        continue
                     hist["e2e"].observe(last)
                     hist["inference"].observe(last)
                     hist["prefill"].observe(first)
                     hist["decode"].observe(last - first)
                     hist["tpot"].observe((last - first) / (n - 1) if n > 1 else 0.0)
+                    hist["prompt_tokens"].observe(prompt)
+                    hist["generation_tokens"].observe(n)
+                    hist["max_generation_tokens"].observe(n)  # one sequence per request (vLLM's n = 1)
             if not requests:  # the call is over
                 calls.requests = {}
 

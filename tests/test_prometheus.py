@@ -132,6 +132,64 @@ def test_batch_rows_are_requests():
     assert got[("vllm:request_time_per_output_token_seconds_sum", key)] == pytest.approx(
         sum(out.stats.per_row[b].tpot_s for b in range(len(prompts))))
     assert got[("vllm:generation_tokens_total", key)] == out.stats.num_emitted_tokens
+    # what vLLM's example Grafana dashboard reads besides: prompt tokens, finish reasons, lengths, running requests
+    assert got[("vllm:prompt_tokens_total", key)] == sum(map(len, prompts)) == out.stats.num_prompt_tokens
+    emitted = [out.stats.per_row[b].num_emitted_tokens for b in range(len(prompts))]
+    reasons = ["length" if n == 16 else "stop" for n in emitted]
+    assert set(reasons) == {"stop", "length"}  # row 1 ends at EOS, the others at max_new_tokens
+    for reason in ("stop", "length", "abort"):  # every reason has a series, 0 included
+        assert got[("vllm:request_success_total", lab("tiny-llama", "draft", finished_reason=reason))] == \
+            reasons.count(reason)
+    assert got[("vllm:request_prompt_tokens_count", key)] == len(prompts)
+    assert got[("vllm:request_prompt_tokens_sum", key)] == sum(map(len, prompts))
+    for name in ("request_generation_tokens", "request_max_num_generation_tokens"):
+        assert got[(f"vllm:{name}_sum", key)] == sum(emitted)
+    les = sorted(float(dict(k)["le"]) for (n, k), _ in got.items() if n == "vllm:request_prompt_tokens_bucket")
+    assert les[:6] == [1, 2, 5, 10, 20, 50] and les[-2] <= metrics.max_model_len < 10 * les[-2]  # vLLM's 1-2-5
+    assert got[("vllm:time_per_output_token_seconds_count", key)] == \
+        got[("vllm:inter_token_latency_seconds_count", key)]
+    assert got[("vllm:num_requests_running", key)] == 0 and got[("vllm:num_requests_waiting", key)] == 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_call_that_raises_closes_its_requests_as_aborted(error):
+    """A call that raised mid-way left its requests open: the running gauge stayed up and no finish reason was
+    counted. Now the loop sends the caller's listeners one aborted event for the rows still running (vLLM's
+    finish reason "abort"); the error still propagates, and statistics kept over calls count no forward for it."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    target, draft = tiny_pair()
+
+    class FailsAtCall(StoppingCriteria):
+        def __init__(self, n):
+            self.n, self.calls = n, 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.calls += 1
+            if self.calls == self.n:
+                raise error("a stopping criterion failed")
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 11, 5, 9]]
+    ids, mask = left_pad(prompts)
+    metrics = PrometheusMetrics(model_name="tiny-llama")
+    kept, events = hf_spec.SpecStats(), []
+    with pytest.raises(error, match="stopping criterion failed"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.DraftModelDrafter(draft, 3), stopping_criteria=StoppingCriteriaList([FailsAtCall(9)]),
+                        event_listeners=[metrics.listener("draft"), kept, events.append])
+    *steps, abort = events
+    assert abort.aborted and abort.rows == [0, 1] and abort.finish_reasons == ["abort", "abort"]
+    assert abort.finished == [True, True] and abort.emitted == [[], []] and abort.step == steps[-1].step + 1
+    assert not any(e.aborted for e in steps) and steps[-1].finish_reasons == [None, None]
+    assert kept.num_target_forwards == len(steps)  # the aborted event is no forward
+    got = scrape(generate_latest(metrics.registry).decode())
+    key = lab("tiny-llama", "draft")
+    assert got[("vllm:request_success_total", lab("tiny-llama", "draft", finished_reason="abort"))] == 2
+    assert got[("vllm:request_success_total", lab("tiny-llama", "draft", finished_reason="length"))] == 0
+    assert got[("vllm:num_requests_running", key)] == 0
+    assert got[("vllm:e2e_request_latency_seconds_count", key)] == 0  # no finished request's latency
+    assert got[("vllm:generation_tokens_total", key)] == kept.num_emitted_tokens > 0
 
 
 def test_one_itl_observation_per_step_whatever_it_emits():
@@ -232,6 +290,9 @@ def test_bad_arguments_fail_early_and_say_what_to_do():
         PrometheusMetrics("m", prefix="my prefix")
     with pytest.raises(ValueError, match="engine"):
         PrometheusMetrics("m", engine=-1)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="max_model_len must be an int >= 1"):
+            PrometheusMetrics("m", max_model_len=bad)
     with pytest.raises(ValueError, match="model_name is empty"):
         PrometheusMetrics("")
     with pytest.raises(TypeError, match="string or a transformers model"):
