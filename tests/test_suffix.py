@@ -13,7 +13,7 @@ from transformers import GenerationConfig
 
 import hf_spec
 from hf_spec.drafters.base import VerifyOutput
-from hf_spec.drafters.suffix_index import SuffixArray, SuffixTrie
+from hf_spec.drafters.suffix_index import MERGE_FACTOR, SuffixArray, SuffixArrayLevels, SuffixTrie
 
 from .conftest import tiny_pair
 
@@ -247,6 +247,51 @@ def test_suffix_array_matches_brute_force(seed):
     assert two.match_of([2, 3], 2, 2)[0] == 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_levels_of_past_outputs_answer_as_one_array_over_the_kept_ones(seed):
+    """SuffixArrayLevels (past outputs: each call's indexed as a level of its own, merged log-structured, the oldest
+    dropped past the bound) against the brute-force reference over the documents it keeps, after every add: the
+    longest match and both continuations (most frequent, most recent) with a probability floor, counted over all
+    levels together; the documents kept are the newest that fit; the levels stay few."""
+    rng = random.Random(seed)
+    bound = rng.choice([20, 60, 200])
+    levels, added = SuffixArrayLevels(bound), []
+    for _ in range(40):
+        new = random_docs(rng, rng.randint(1, 3), rng.choice([3, 5]))
+        levels.add(new)
+        added += [d[-bound:] for d in new]
+        kept = [d.tolist() for d in levels.documents]
+        n_kept = 0  # the newest documents whose tokens fit the bound
+        while n_kept < len(added) and sum(map(len, added[len(added) - n_kept - 1:])) <= bound:
+            n_kept += 1
+        assert kept == added[len(added) - n_kept:] and levels.num_tokens <= bound
+        assert levels.max_token() == max(t for d in kept for t in d)
+        sizes = [len(level.array.text) for level in levels.levels]
+        assert len(sizes) <= 2 + math.log(bound, MERGE_FACTOR) * 2
+        for _ in range(8):
+            context = rng.choice(kept)[: rng.randint(1, 6)] + [rng.randrange(5)] * rng.randint(0, 1)
+            min_match, max_match = rng.randint(1, 2), rng.randint(2, 8)
+            n, *where = levels.match_of(context, min_match, max_match)
+            assert n == ref_match(kept, context, min_match, max_match)
+            if n:
+                for most_recent in (False, True):
+                    max_tokens, min_prob = rng.randint(1, 8), rng.choice([0.0, 0.3])
+                    got = levels.continuation(n, *where, max_tokens, min_prob, most_recent)
+                    assert (got.tokens, got.probs) == ref_continuation(kept, context[-n:], max_tokens, min_prob,
+                                                                       most_recent)
+                    assert got.origin == "memory"
+    with pytest.raises(ValueError, match=">= 0"):
+        levels.add([[1, -2]])
+    # ties across levels go to the latest occurrence, counts add up across levels
+    levels = SuffixArrayLevels(100)
+    levels.add([[1, 3], [7] * 10])
+    levels.add([[1, 5]])  # a level of its own: the older one holds more than MERGE_FACTOR times its tokens
+    assert len(levels.levels) == 2
+    assert levels.continuation(*levels.match_of([1], 1, 1), 1).tokens == [5]  # 3 and 5 once each: the later
+    levels.add([[9, 1, 3]])
+    assert levels.continuation(*levels.match_of([1], 1, 1), 1).probs == [2 / 3]  # 3 twice of three
+
+
 def _call(drafter, target, prompt, k=3, new=12, **kw):
     ids = torch.tensor([prompt])
     return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
@@ -274,8 +319,12 @@ def test_remembered_outputs_are_bounded_and_drafted_from(pair):
         kept = [doc.tolist() for doc in d.memory.documents]
         assert sum(map(len, kept)) == d.memory.num_tokens <= 30
         assert kept[-1] == outputs[-1][-30:]  # the newest always stays
-        fresh = SuffixArray(kept)
-        assert d.memory.index.text.tolist() == fresh.text.tolist() and d.memory.index.sa.tolist() == fresh.sa.tolist()
+        for context in ([rng.randrange(9) for _ in range(rng.randint(1, 5))] for _ in range(20)):
+            n, *where = d.memory.match_of(context, 1, 6)
+            assert n == ref_match(kept, context, 1, 6)
+            if n:
+                got = d.memory.continuation(n, *where, 6)
+                assert (got.tokens, got.probs) == ref_continuation(kept, context[-n:], 6, 0.0, False)
 
 
 def test_a_proposal_names_the_source_its_match_is_in(pair):
@@ -355,7 +404,7 @@ def test_remembered_outputs_of_another_vocabulary_are_refused():
     big, small = tiny_llama(vocab_size=64, seed=1), tiny_llama(vocab_size=32)
     d = hf_spec.SuffixDrafter(3, remember_outputs=100, min_token_prob=0.0)
     _call(d, big, [40, 50, 60, 40, 50], min_new_tokens=12)
-    assert int(d.memory.index.text.max()) >= 32  # an output token the small target has no row for
+    assert d.memory.max_token() >= 32  # an output token the small target has no row for
     with pytest.raises(ValueError, match="remembers outputs with token ids up to .* one SuffixDrafter per target"):
         _call(d, small, [5, 9, 2, 7])
 

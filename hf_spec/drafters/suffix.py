@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
-from collections import deque
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch
 
 from .base import Drafter, logit_rows
-from .suffix_index import Proposal, SuffixArray, SuffixTrie
+from .suffix_index import Proposal, SuffixArray, SuffixArrayLevels, SuffixTrie
 
 __all__ = ["SuffixDrafter", "MAX_CONTINUATION"]
 
@@ -36,33 +34,6 @@ __all__ = ["SuffixDrafter", "MAX_CONTINUATION"]
 #: nodes (1.7 s, 0.8 GB) where 64 makes 240,000. The suffix drafter's own proposals stop sooner by default
 #: (``max_spec_factor`` x the match's length).
 MAX_CONTINUATION = 64
-
-
-class _Memory:
-    """Past outputs of one drafter (shared by its calls and threads), oldest evicted first beyond
-    ``max_tokens``; the suffix array over them is rebuilt when outputs arrive (``O(N log N)``, N <= max_tokens)
-    and swapped in whole, so readers never see a half-built index."""
-
-    def __init__(self, max_tokens: int):
-        self.max_tokens = max_tokens
-        self.documents: deque[np.ndarray] = deque()  # int64 token ids: a list of Python ints cost 36 bytes a token
-        self.num_tokens = 0
-        self.index: SuffixArray | None = None
-        self._lock = threading.Lock()
-
-    def add(self, outputs) -> None:
-        """Keep ``outputs`` (token-id tensors or sequences, one per generated text), evict the oldest beyond
-        ``max_tokens``, and swap in the rebuilt index."""
-        with self._lock:
-            for doc in outputs:
-                doc = (doc.detach().cpu().numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc))
-                doc = doc.reshape(-1)[-self.max_tokens:].astype(np.int64)
-                if len(doc):
-                    self.documents.append(doc)
-                    self.num_tokens += len(doc)
-            while self.num_tokens > self.max_tokens:
-                self.num_tokens -= len(self.documents.popleft())
-            self.index = SuffixArray(self.documents) if self.documents else None
 
 
 class SuffixDrafter(Drafter):
@@ -76,12 +47,13 @@ class SuffixDrafter(Drafter):
             from besides the current text: documents, code files, earlier answers. Indexed once here, shared by
             every call.
         tokenizer: the target's tokenizer; needed when ``corpus`` holds texts.
-        remember_outputs: keep up to this many tokens of this drafter's own generated outputs (across calls,
-            oldest dropped first) and draft from them too; 0 (default) keeps none. Memory: 24 bytes a token (the
-            tokens and a suffix array over them, int64). Time: the suffix array is rebuilt over all of them at the
-            end of each call, in the calling thread (another call's end waits for it): 0.04 s for 100,000 tokens,
-            0.45 s for a million (random token ids on a 2-core Intel Xeon, 2026-12-06; repetitive text sorts
-            slower), so a large memory adds that to every request.
+        remember_outputs: keep up to this many tokens of this drafter's own generated outputs (across calls and
+            threads, oldest dropped first) and draft from them too; 0 (default) keeps none. Memory: 16-24 bytes a
+            token (the tokens and suffix arrays over them, int64; :class:`SuffixArrayLevels`). Time: each call's
+            outputs are indexed at its end, in the calling thread, as a level of their own merged with older
+            levels of at most 4 times their size, so a token is re-sorted ``O(log N)`` times in all rather than
+            at every call; the occasional merge of the largest levels costs what sorting them costs (1.5 s for a
+            million tokens of repetitive outputs on a 2-core CPU).
         max_match: the longest suffix matched (tokens, >= min_match).
         min_match: the shortest suffix matched (tokens, >= 1).
         max_spec_factor: at most ``ceil(max_spec_factor * n)`` tokens are proposed after a match of n tokens
@@ -115,7 +87,7 @@ class SuffixDrafter(Drafter):
         self.max_match, self.min_match = int(max_match), int(min_match)
         self.max_spec_factor, self.min_token_prob = max_spec_factor, min_token_prob
         self.corpus = _corpus_index(corpus, tokenizer)
-        self.memory = _Memory(int(remember_outputs)) if remember_outputs else None
+        self.memory = SuffixArrayLevels(int(remember_outputs)) if remember_outputs else None
         self._trie: SuffixTrie | None = None
         self._states: list[list[int]] = []
         self._indexed: list[int] = []
@@ -135,9 +107,9 @@ class SuffixDrafter(Drafter):
         if self.corpus is not None and self.corpus.num_tokens and int(self.corpus.text.max()) >= vocab:
             raise ValueError(f"the corpus holds token ids up to {int(self.corpus.text.max())} but the target has "
                              f"{vocab} logit rows: tokenize the corpus with the target's tokenizer")
-        memory = self.memory.index if self.memory is not None else None
-        if memory is not None and memory.num_tokens and int(memory.text.max()) >= vocab:
-            raise ValueError(f"this drafter remembers outputs with token ids up to {int(memory.text.max())} but the "
+        remembered = self.memory.max_token() if self.memory is not None else -1
+        if remembered >= vocab:
+            raise ValueError(f"this drafter remembers outputs with token ids up to {remembered} but the "
                              f"target has {vocab} logit rows: its past outputs come from another vocabulary; use "
                              "one SuffixDrafter per target")
         self._target_vocab = vocab
@@ -178,15 +150,15 @@ class SuffixDrafter(Drafter):
             candidates.append(self._trie.continuation(node, n, self._limit(n, k), self.min_token_prob,
                                                       self.most_recent))
         context = None
-        for origin, index in (("corpus", self.corpus), ("memory", self.memory.index if self.memory is not None else None)):
+        for origin, index in (("corpus", self.corpus), ("memory", self.memory)):
             if index is None:
                 continue
             if context is None:
                 context = sequence[-self.max_match:].tolist()
-            m, lo, hi = index.match_of(context, self.min_match, self.max_match)
+            m, *where = index.match_of(context, self.min_match, self.max_match)  # where it matched, for continuation
             if m and m >= n:  # a shorter match than the current text's is weaker evidence
                 limit = self._limit(m, k) if not num_nodes else min(self._limit(m, k), num_nodes)
-                candidates.append(index.continuation(m, lo, hi, limit, self.min_token_prob, self.most_recent, origin))
+                candidates.append(index.continuation(m, *where, limit, self.min_token_prob, self.most_recent, origin))
         best = Proposal([], [], 0)
         for c in candidates:
             if (c.expected_accepted, c.match_length) > (best.expected_accepted, best.match_length):

@@ -17,7 +17,8 @@ and the longest match of the text's own end is read off that state. It serves th
 
 :class:`SuffixArray` is static: built once (prefix doubling with numpy, ``O(N log^2 N)``), ``O(N)`` memory (3
 integers per token). A match is a binary search, a continuation step narrows the sorted range. It serves a
-corpus the user supplies and the drafter's own past outputs (rebuilt when they change, bounded in tokens).
+corpus the user supplies. :class:`SuffixArrayLevels` keeps growing documents in a few such arrays (a
+log-structured merge, bounded in tokens, the oldest dropped first): the drafter's own past outputs.
 
 Documents never match across each other: the trie starts each one from an empty state, the suffix array
 separates them with unique negative ids.
@@ -25,12 +26,15 @@ separates them with unique negative ids.
 
 from __future__ import annotations
 
+import copy
 import heapq
+import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Proposal", "SuffixTrie", "SuffixArray"]
+__all__ = ["Proposal", "SuffixTrie", "SuffixArray", "SuffixArrayLevels"]
 
 
 @dataclass
@@ -44,7 +48,8 @@ class Proposal:
         parents: ``None`` for a chain; for a tree (:meth:`SuffixTrie.tree`), per token the index of its parent
             token in ``tokens`` (-1: it follows the context directly); a parent comes before its children.
         origin: where the match was found: ``"text"`` (the prompt and output so far: :class:`SuffixTrie`),
-            ``"corpus"`` (documents the user gave) or ``"memory"`` (past outputs; both a :class:`SuffixArray`).
+            ``"corpus"`` (documents the user gave: a :class:`SuffixArray`) or ``"memory"`` (past outputs:
+            :class:`SuffixArrayLevels`).
             A match in other documents predicts less than one of the same length in the text itself
             (docs/benchmarks.md, the suffix drafter with a corpus).
     """
@@ -278,6 +283,9 @@ class SuffixArray:
         self.text = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         self.num_tokens = int((self.text >= 0).sum())
         self.sa = _suffix_array(self.text)
+        #: occurrences at text positions before this one are not counted (their documents were evicted:
+        #: :class:`SuffixArrayLevels`); 0: all
+        self.start = 0
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -312,11 +320,44 @@ class SuffixArray:
         return start, a
 
     def _next_tokens(self, lo: int, hi: int, n: int) -> np.ndarray:
+        """The token after each suffix of ``sa[lo:hi]`` that shares an n-token prefix (negative: a separator, or
+        past the end)."""
         pos = self.sa[lo:hi] + n
         out = np.full(hi - lo, -1, dtype=np.int64)
         ok = pos < len(self.text)
         out[ok] = self.text[pos[ok]]
         return out
+
+    def _continued(self, lo: int, hi: int, n: int) -> np.ndarray:
+        """Whether each suffix of ``sa[lo:hi]`` (sharing an n-token prefix) has a token after that prefix and
+        starts at or after :attr:`start` (in a document still kept)."""
+        continued = self._next_tokens(lo, hi, n) >= 0
+        return continued if self.start == 0 else continued & (self.sa[lo:hi] >= self.start)
+
+    def runs(self, lo: int, hi: int, n: int) -> tuple[np.ndarray, ...]:
+        """The continuations of a range whose suffixes share an n-token prefix: ``(tokens, run_lo, run_hi, counts,
+        latest)`` per distinct next token with a counted occurrence, where ``sa[run_lo:run_hi]`` are the suffixes
+        followed by it, ``counts`` its counted occurrences and ``latest`` the text position of the last one."""
+        nxt = self._next_tokens(lo, hi, n)
+        valid = nxt >= 0
+        if not bool(valid.any()):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty, empty
+        # the range is sorted by the next token (separators, negative, first): runs of equal tokens
+        first = int(np.argmax(valid))
+        vals = nxt[first:]
+        starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
+        ends = np.r_[starts[1:], len(vals)]
+        positions = self.sa[lo + first:hi]
+        if self.start == 0:  # every occurrence counts
+            return vals[starts], lo + first + starts, lo + first + ends, ends - starts, \
+                np.maximum.reduceat(positions, starts)
+        counted = positions >= self.start
+        counts = np.add.reduceat(counted.astype(np.int64), starts)
+        latest = np.maximum.reduceat(np.where(counted, positions, -1), starts)
+        keep = counts > 0
+        return (vals[starts][keep], (lo + first + starts)[keep], (lo + first + ends)[keep], counts[keep],
+                latest[keep])
 
     def match_of(self, context, min_match: int = 1, max_match: int = 32) -> tuple[int, int, int]:
         """The longest suffix ``context[-n:]`` (``min_match <= n <= max_match``) that occurs with a token after
@@ -331,7 +372,7 @@ class SuffixArray:
         while a <= b:
             n = (a + b) // 2
             lo, hi = self.range_of(context[len(context) - n:])
-            if hi > lo and bool((self._next_tokens(lo, hi, n) >= 0).any()):
+            if hi > lo and bool(self._continued(lo, hi, n).any()):
                 best, a = (n, lo, hi), n + 1
             else:
                 b = n - 1
@@ -342,32 +383,181 @@ class SuffixArray:
         """Walk the sorted range: at each step the next token with the most occurrences (ties, and with
         ``most_recent`` always: the one of the latest occurrence), narrowing the range to it. ``origin``: what
         this array indexes, the proposal's :attr:`Proposal.origin` (``"corpus"`` or ``"memory"``)."""
-        tokens, probs, cum, n = [], [], 1.0, match_length
-        while len(tokens) < max_tokens and hi > lo:
-            nxt = self._next_tokens(lo, hi, n)
-            valid = nxt >= 0
-            total = int(valid.sum())
-            if total == 0:
-                break
-            # the range is sorted by the next token (separators, negative, first): runs of equal tokens
-            first = int(np.argmax(valid))
-            vals = nxt[first:]
-            starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
-            counts = np.diff(np.r_[starts, len(vals)])
-            latest = np.maximum.reduceat(self.sa[lo + first:hi], starts)
-            if most_recent:
-                j = int(np.argmax(latest))
-            else:
-                j = int(np.lexsort((latest, counts))[-1])  # most occurrences, then the latest
-            p = float(counts[j]) / total
-            if cum * p < min_prob:
-                break
-            cum *= p
-            tokens.append(int(vals[starts[j]]))
-            probs.append(p)
-            lo, hi = lo + first + int(starts[j]), lo + first + int(starts[j]) + int(counts[j])
-            n += 1
-        return Proposal(tokens, probs, match_length if tokens else 0, origin=origin)
+        return _walk([(self, 0, lo, hi)], match_length, max_tokens, min_prob, most_recent, origin)
+
+
+def _walk(parts: list[tuple[SuffixArray, int, int, int]], match_length: int, max_tokens: int, min_prob: float,
+          most_recent: bool, origin: str) -> Proposal:
+    """The continuation of a match over several suffix arrays at once, counting its occurrences in all of them as in
+    one: ``parts`` holds ``(array, base, lo, hi)``, the match's range in each array and the array's place in time
+    (``base`` + a text position orders occurrences by recency: an array of later documents has the larger base)."""
+    tokens, probs, cum, n = [], [], 1.0, match_length
+    while len(tokens) < max_tokens:
+        found = [(array, base, array.runs(lo, hi, n)) for array, base, lo, hi in parts if hi > lo]
+        found = [f for f in found if len(f[2][0])]
+        if not found:
+            break
+        if len(found) == 1:  # one array's runs are distinct tokens already
+            distinct, summed, last = found[0][2][0], found[0][2][3], found[0][2][4]
+        else:  # a token's occurrences in every array, together
+            vals = np.concatenate([r[0] for _, _, r in found])
+            counts = np.concatenate([r[3] for _, _, r in found])
+            latest = np.concatenate([base + r[4] for _, base, r in found])
+            distinct, where = np.unique(vals, return_inverse=True)
+            summed = np.zeros(len(distinct), dtype=np.int64)
+            np.add.at(summed, where, counts)
+            last = np.full(len(distinct), -1, dtype=np.int64)
+            np.maximum.at(last, where, latest)
+        j = int(np.argmax(last)) if most_recent else int(np.lexsort((last, summed))[-1])  # most, then the latest
+        p = float(summed[j]) / int(summed.sum())
+        if cum * p < min_prob:
+            break
+        cum *= p
+        token = int(distinct[j])
+        tokens.append(token)
+        probs.append(p)
+        parts = []
+        for array, base, (run_vals, run_lo, run_hi, _, _) in found:
+            at = [j] if len(found) == 1 else np.flatnonzero(run_vals == token)
+            if len(at):
+                parts.append((array, base, int(run_lo[at[0]]), int(run_hi[at[0]])))
+        n += 1
+    return Proposal(tokens, probs, match_length if tokens else 0, origin=origin)
+
+
+class _Level(NamedTuple):
+    """One level of :class:`SuffixArrayLevels`: its suffix array, the documents it keeps (oldest first) and their
+    largest token id."""
+
+    array: SuffixArray
+    docs: tuple
+    max_id: int
+
+
+def _level(docs) -> _Level:
+    docs = tuple(docs)
+    return _Level(SuffixArray(docs), docs, max(int(d.max()) for d in docs))
+
+
+class SuffixArrayLevels:
+    """Documents that arrive over time, at most ``max_tokens`` of them kept (the oldest dropped first), indexed as
+    a few :class:`SuffixArray` levels of geometrically shrinking size: a log-structured merge (O'Neil et al. 1996,
+    "The log-structured merge-tree"). Each :meth:`add` indexes only the new documents, as a level of their own,
+    and merges a level into (rebuilds it together with) the next older one while that one holds at most
+    :data:`MERGE_FACTOR` times its tokens: a token is re-sorted ``O(log N)`` times in all, where one suffix array
+    rebuilt over everything at every :meth:`add` re-sorted all N tokens each time (1.5 s at a million tokens of
+    repetitive outputs on a 2-core CPU). Documents dropped from the oldest level stop counting at once
+    (:attr:`SuffixArray.start`), and that level is rebuilt once more of it is dropped than kept.
+
+    A match and its continuation count the occurrences in all levels together: the same answers as one
+    :class:`SuffixArray` over the kept documents (most occurrences, ties to the latest).
+
+    Thread-safe: :meth:`add` (one at a time) builds the new levels aside and swaps them in whole; a match holds
+    the levels it was found in, so a reader never sees a half-built index.
+
+    Args:
+        max_tokens: the most tokens kept (>= 1); a longer document keeps its last ``max_tokens``.
+
+    Memory: each level's :class:`SuffixArray` (16 bytes per token), and until the oldest level is rebuilt the
+    tokens dropped from it (at most as many as it keeps).
+    """
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
+        self.max_tokens = max_tokens
+        self.levels: list[_Level] = []  # oldest first; replaced whole, never changed in place
+        self._lock = threading.Lock()
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens kept."""
+        return sum(len(d) for level in self.levels for d in level.docs)
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    @property
+    def documents(self) -> list[np.ndarray]:
+        """The kept documents, oldest first."""
+        return [doc for level in self.levels for doc in level.docs]
+
+    def max_token(self) -> int:
+        """The largest token id kept (-1 when none is)."""
+        return max((level.max_id for level in self.levels), default=-1)
+
+    def add(self, documents) -> None:
+        """Index ``documents`` (sequences of token ids >= 0; empty ones are skipped), then drop the oldest beyond
+        ``max_tokens``.
+
+        Raises:
+            ValueError: a negative token id.
+        """
+        new = []
+        for doc in documents:
+            doc = np.asarray(doc, dtype=np.int64).reshape(-1)[-self.max_tokens:]
+            if len(doc) and int(doc.min()) < 0:
+                raise ValueError("token ids must be >= 0")
+            if len(doc):
+                new.append(doc)
+        if not new:
+            return
+        with self._lock:
+            levels = self.levels + [_level(new)]
+            size = lambda level: sum(len(d) for d in level.docs)
+            while len(levels) > 1 and size(levels[-2]) <= MERGE_FACTOR * size(levels[-1]):
+                levels[-2:] = [_level(levels[-2].docs + levels[-1].docs)]
+            excess = sum(size(level) for level in levels) - self.max_tokens
+            while excess > 0:  # drop the oldest documents: all in the oldest level
+                array, docs, _ = levels[0]
+                drop = 0
+                while excess > 0:
+                    excess -= len(docs[drop])
+                    drop += 1
+                    if drop == len(docs):
+                        break
+                if drop == len(docs):
+                    del levels[0]
+                    continue
+                gone = sum(len(d) + 1 for d in docs[:drop])  # the documents and their separators
+                kept = docs[drop:]
+                if array.start + gone > len(array.text) - array.start - gone:  # more dropped than kept: rebuild
+                    levels[0] = _level(kept)
+                else:  # the same sorted suffixes, counted from the first kept document on
+                    shifted = copy.copy(array)
+                    shifted.start = array.start + gone
+                    levels[0] = _Level(shifted, kept, max(int(d.max()) for d in kept))
+            self.levels = levels
+
+    def match_of(self, context, min_match: int = 1, max_match: int = 32) -> tuple[int, tuple]:
+        """The longest suffix ``context[-n:]`` (``min_match <= n <= max_match``) that occurs in a kept document
+        with a token after it.
+
+        Returns:
+            ``(n, parts)``: the match length and where it occurs, for :meth:`continuation` (per level, its suffix
+            array, its place in time and the match's range); ``(0, ())`` when none.
+        """
+        parts, base, n = [], 0, 0
+        for level in self.levels:  # one snapshot of the levels, the largest (oldest) first
+            # a level counts only with a match as long as the longest so far: search from there
+            m, lo, hi = level.array.match_of(context, max(min_match, n), max_match)
+            parts.append((m, level.array, base, lo, hi))
+            n = max(n, m)
+            base += len(level.array.text)
+        if not n:
+            return 0, ()
+        return n, tuple((array, base, lo, hi) for m, array, base, lo, hi in parts if m == n)
+
+    def continuation(self, match_length: int, parts: tuple, max_tokens: int, min_prob: float = 0.0,
+                     most_recent: bool = False, origin: str = "memory") -> Proposal:
+        """As :meth:`SuffixArray.continuation`, over every level that holds the match (``parts``, from
+        :meth:`match_of`)."""
+        return _walk(list(parts), match_length, max_tokens, min_prob, most_recent, origin)
+
+
+#: :class:`SuffixArrayLevels` merges a new level into the next older one while that one holds at most this many
+#: times its tokens
+MERGE_FACTOR = 4
 
 
 def _suffix_array(text: np.ndarray) -> np.ndarray:
