@@ -85,11 +85,20 @@ def test_results_read_back_with_their_tree_methods(tmp_path):
     assert [m.spec for m in load_results(path)[2]][-1] == "smollm2-135m"
 
 
-def test_failed_report_leaves_nothing(tmp_path):
+def test_failed_report_leaves_nothing(tmp_path, monkeypatch):
+    """All or nothing, and nothing written beside --out: the report was staged in --out's parent, so a writable
+    --out under a read-only folder (which check_out_folder accepts) failed after the whole run, at every resume."""
+    import tempfile
+
     out = tmp_path / "out"
     with pytest.raises(Exception):
         write_report(out, {"target": "x"}, {"baseline": {}}, {"prompts": []})  # incomplete config and summary
     assert not out.exists() and list(tmp_path.iterdir()) == []
+    staged, mkdtemp = [], tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: staged.append(kw["dir"]) or mkdtemp(**kw))
+    with pytest.raises(Exception):
+        write_report(out, {"target": "x"}, {"baseline": {}}, {"prompts": []})
+    assert staged == [out]
 
 
 def test_a_speedup_that_tokens_per_forward_cannot_explain_is_flagged(tmp_path):

@@ -316,10 +316,13 @@ REPORT_FILES = ("results.json", "results.md", "speedup_by_category.png", "accept
 
 def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, prediction: dict | None = None) -> Path:
     """Write ``results.json``, ``results.md`` and the PNG plots into ``out_dir`` (all or nothing: files are
-    written to a temporary folder beside it and moved in at the end)."""
+    written to a temporary folder inside it and moved in at the end; inside, not beside it, so that a writable
+    ``--out`` under a read-only folder takes its report, as ``check_out_folder`` judged it would)."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir.parent))
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir))
+    done = False
     try:
         per_prompt = [{k: v for k, v in p.items() if k != "runs"} | {
             "runs": {n: {k: v for k, v in r.items() if k not in ("tokens", "stats")}
@@ -350,14 +353,16 @@ def write_report(out_dir: str | Path, config: dict, summary: dict, raw: dict, pr
         from .plots import plots
 
         plots(summary, tmp, prediction)
-        out_dir.mkdir(exist_ok=True)
         for name in REPORT_FILES:  # an earlier report's file this one has not (a sweep's plot) would read as this one's
             if not (tmp / name).exists():
                 (out_dir / name).unlink(missing_ok=True)
         for f in tmp.iterdir():
             f.replace(out_dir / f.name)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not done and made and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed report leaves no folder it made
     return out_dir
 
 
