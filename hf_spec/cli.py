@@ -410,14 +410,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _runtime_errors() -> tuple[type[BaseException], ...]:
     """Failures while running, told as a message: a missing package (ImportError), the hub unreachable or a file
-    unreadable (OSError), provisioning (a failed install, a checksum mismatch), out of memory. Other exceptions,
-    a RuntimeError from deep in torch included, are bugs until shown otherwise: they keep their traceback."""
+    unreadable (OSError), provisioning (a failed install, a checksum mismatch), out of memory, training that
+    diverged (FloatingPointError). Other exceptions, a RuntimeError from deep in torch included, are bugs until
+    shown otherwise: they keep their traceback."""
     import torch
 
     from .models import ProvisioningError
 
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-    return OSError, ImportError, MemoryError, ProvisioningError, oom
+    return OSError, ImportError, MemoryError, ProvisioningError, oom, FloatingPointError
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -67,6 +67,37 @@ def test_previous_layout_still_loads_and_is_replaced_on_save(tmp_path, variant):
     assert torch.equal(MedusaHeads.from_pretrained(tmp_path, target=target)(x), loaded(x))
 
 
+def test_heads_are_never_written_over_another_model(tmp_path, capsys, monkeypatch):
+    """train-medusa --out TARGET_FOLDER replaced the target's config.json and weights with the heads' and exited 0
+    (a break-it finding): the target no longer loaded. Heads now refuse a folder holding another model or loose
+    weights, in save_pretrained (the one writer) and before train-medusa loads anything; their own folder (resumed
+    training, a re-save) still takes them."""
+    import hf_spec.models
+    from hf_spec import cli
+
+    model_dir = tmp_path / "model"
+    tiny_llama().save_pretrained(model_dir)
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    heads = random_heads(n=2, variant="full")
+    with pytest.raises(ValueError, match="holds another model .*model_type 'llama'"):
+        heads.save_pretrained(model_dir)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "weights.safetensors").write_bytes(b"x")
+    with pytest.raises(ValueError, match="weights without a Medusa config.json"):
+        heads.save_pretrained(loose)
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("the target loaded"))
+    text = tmp_path / "t.txt"
+    text.write_text("some text to train on\n\nmore text")
+    assert cli.main(["train-medusa", "--target", "smollm2-135m", "--data", str(text), "--out", str(model_dir)]) == 2
+    assert "holds another model" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+    own = tmp_path / "heads"
+    heads.save_pretrained(own)
+    heads.save_pretrained(own)  # its own folder: written again
+    assert sorted(p.name for p in own.iterdir()) == ["config.json", "model.safetensors"]
+
+
 def test_fasterdecoding_pt_checkpoint_loads(tmp_path):
     """A folder as FasterDecoding writes it: torch-saved state dict, config without hf-spec's keys."""
     target = tiny_llama()
@@ -345,6 +376,29 @@ def test_full_softmax_loss_is_the_soft_cross_entropy_over_the_vocabulary(monkeyp
         want += 0.8 ** i * torch.stack(terms).mean()
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
     assert float(medusa_train._batch_loss(heads, feats, pos, 8, g).detach()) < float(loss.detach())
+
+
+def test_training_that_diverges_stops_and_keeps_no_nan_heads(tmp_path, monkeypatch):
+    """--lr inf trained for minutes, reported final_loss nan and saved heads full of NaN with exit 0 (a break-it
+    finding): an infinite rate is refused with the settings, and a loss or weights that stop being finite end
+    training with FloatingPointError (a one-line error in the CLI) before a checkpoint of them is written."""
+    from hf_spec.cli import _runtime_errors
+
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ValueError, match="--lr must be a finite number > 0"):
+            medusa_train.TrainSettings(lr=bad).check()
+    assert FloatingPointError in _runtime_errors()
+    monkeypatch.setattr(medusa_train, "TOP_K", 8)
+    target = peaky_tiny()
+    feats = tiny_features(target)
+    train_texts, _ = medusa_train._split(12, 0.25, 0)
+    # an infinite rate (unchecked here: train_heads takes settings as given) diverges at once
+    settings = medusa_train.TrainSettings(heads=2, epochs=2, lr=float("inf"), batch_size=32, negatives=8,
+                                          checkpoint_every=1)
+    ckpt = tmp_path / "checkpoint.pt"
+    with pytest.raises(FloatingPointError, match="after step 1|at step 2"):
+        medusa_train.train_heads(fresh_heads(target), feats, train_texts, settings, ckpt, progress=False)
+    assert not ckpt.exists()  # the one step taken made the weights non-finite: nothing of it saved
 
 
 def test_interrupted_training_resumes_to_the_same_heads(tmp_path, monkeypatch):

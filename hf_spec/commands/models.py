@@ -23,6 +23,9 @@ def run_train_medusa(args) -> int:
     from .generate import check_out_folder
 
     check_out_folder(args.out)  # else found once the target has loaded
+    from ..medusa.heads import check_heads_folder
+
+    check_heads_folder(args.out)  # a model's own folder: its files would be replaced by the heads'
     loaded = load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target, loaded=loaded)

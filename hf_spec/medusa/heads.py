@@ -115,6 +115,19 @@ def heads_path(name_or_dir: str | os.PathLike) -> Path:
         f"({cached_dir()}); train them: hf-spec train-medusa --target NAME --out {cached_dir() / str(name_or_dir)}")
 
 
+def default_heads(target: str) -> Path | None:
+    """The heads shipped with hf-spec or trained into the cache for ``target``'s short name (``smollm2-135m``), or
+    ``None``: for a target given as a folder or a hub id (anything with a path separator, or an existing folder)
+    there are none by default, since the folder is the model's, not its heads' (the demo took a target folder for
+    a heads folder and failed on its config)."""
+    if not target or Path(target).name != target or Path(target).is_dir():
+        return None
+    for base in (SHIPPED_DIR, cached_dir()):
+        if (base / target).is_dir():
+            return base / target
+    return None
+
+
 class MedusaCheckpointError(ValueError):
     """A Medusa checkpoint is missing, corrupt, or does not fit the target."""
 
@@ -184,6 +197,35 @@ class MedusaConfig:
             "hf_spec_variant": self.variant,
             "base_model_name_or_path": self.base_model_name_or_path,
         }
+
+
+def check_heads_folder(directory: str | os.PathLike) -> None:
+    """Refuse to write Medusa heads (``config.json``, ``model.safetensors``) into a folder that holds another
+    model: its ``config.json`` is not a Medusa one (``model_type`` ``"medusa"``, or FasterDecoding's
+    ``medusa_num_heads``), or it has weights without such a config. Heads would replace that model's files (a
+    break-it run trained heads into the target's own folder: the target no longer loaded). A missing or empty
+    folder, or one of heads (being trained: ``train-medusa`` resumes there), passes.
+
+    Raises:
+        ValueError: the folder holds another model, naming what was found.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        return
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            raw = json.loads(config.read_text())
+        except (OSError, ValueError):
+            raw = None
+        if not isinstance(raw, dict) or not (raw.get("model_type") == "medusa" or "medusa_num_heads" in raw):
+            kind = raw.get("model_type") if isinstance(raw, dict) else None
+            raise ValueError(f"{path} holds another model ({'model_type ' + repr(kind) if kind else 'a config.json'} "
+                             "that is not Medusa heads'): heads written there would replace its config.json and "
+                             "weights; give the heads a folder of their own (new or empty)")
+    elif any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        raise ValueError(f"{path} holds weights without a Medusa config.json: heads written there would mix with them; "
+                         "give the heads a folder of their own (new or empty)")
 
 
 class ResBlock(nn.Module):
@@ -479,9 +521,11 @@ class MedusaHeads(nn.Module):
         Raises:
             MedusaCheckpointError: ``shared-lm-head`` heads with no target bound and no ``lm_head`` (raised
                 before anything is written).
+            ValueError: ``directory`` holds another model (:func:`check_heads_folder`), before anything is written.
         """
         from safetensors.torch import save_file
 
+        check_heads_folder(directory)
         state = self.vllm_state_dict(lm_head)
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

@@ -60,8 +60,8 @@ class TrainSettings:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.variant not in ("full", "shared-lm-head"):
             raise ValueError(f"--variant must be full or shared-lm-head, got {self.variant!r}")
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < float("inf"):  # NaN fails too; inf trained NaN heads and saved them
+            raise ValueError(f"--lr must be a finite number > 0 (3e-3 is usual), got {self.lr}")
         if not 0 < self.holdout_fraction < 1:
             raise ValueError(f"--holdout-fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.negatives != "all" and not (isinstance(self.negatives, int) and self.negatives >= 0):

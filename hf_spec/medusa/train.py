@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..loop import generated_length
 from ..prompts import chat_inputs, load_questions
-from .heads import MedusaConfig, MedusaHeads
+from .heads import MedusaConfig, MedusaHeads, check_heads_folder
 from .settings import TrainSettings
 
 __all__ = ["TrainSettings", "Features", "collect_features", "train_heads", "evaluate_heads", "load_texts",
@@ -472,6 +472,12 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
             perm = torch.randperm(len(positions), generator=torch.Generator().manual_seed(settings.seed * 1000 + epoch))
         pos = positions[perm[within * settings.batch_size:(within + 1) * settings.batch_size]]
         loss = _batch_loss(heads, feats, pos, settings.negatives, g)
+        if not torch.isfinite(loss):  # diverged: heads of NaN would be saved and drafted with, accepting nothing
+            raise FloatingPointError(
+                f"the training loss became {float(loss)} at step {step + 1}: the heads diverged (a learning rate "
+                f"too high for these features? --lr {settings.lr}); nothing of this step was saved; lower --lr and "
+                f"delete {checkpoint} to start over" if checkpoint is not None else
+                f"the training loss became {float(loss)} at step {step + 1}: the heads diverged; lower the learning rate")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -481,6 +487,9 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         if checkpoint is not None and (step % settings.checkpoint_every == 0 or step % steps_per_epoch == 0):
+            if not all(bool(torch.isfinite(p).all()) for p in heads.heads.parameters()):
+                raise FloatingPointError(f"the heads' weights are no longer finite after step {step} (--lr "
+                                         f"{settings.lr} too high?); the last checkpoint, {checkpoint}, is kept as it was")
             _atomic_save({"key": key, "heads": heads.heads.state_dict(), "optimizer": opt.state_dict(),
                           "scheduler": sched.state_dict(), "generator": g.get_state(),
                           "torch_rng": torch.get_rng_state(), "step": step}, checkpoint)
@@ -516,9 +525,11 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
         texts, positions, times.
 
     Raises:
-        ValueError: bad settings or data; FileNotFoundError: no data file.
+        ValueError: bad settings or data, or ``out_dir`` holds another model
+            (:func:`~hf_spec.medusa.heads.check_heads_folder`); FileNotFoundError: no data file.
     """
     settings.check()
+    check_heads_folder(out_dir)  # before hours of work, not at the save
     out = Path(out_dir)
     torch.manual_seed(settings.seed)
     t_start = time.perf_counter()
