@@ -462,3 +462,22 @@ def test_bench_turns_the_method_order_from_prompt_to_prompt(tokenizer, monkeypat
     assert all(sorted(r) == sorted(m.name for m in methods) for r in rounds)
     assert {r[0] for r in rounds} == {m.name for m in methods}
     assert [r[0] for r in rounds[:n]] == [m.name for m in methods]
+
+
+def test_questions_past_the_targets_context_are_refused_before_any_run(tokenizer, monkeypatch):
+    """bench on a model of short context ran into an IndexError traceback (learned positions) or garbage (rotary),
+    where generate refuses the prompt (a break-it finding): bench and tune now check every question first, before
+    any drafter loads."""
+    import hf_spec.bench.runner as runner
+    from hf_spec.bench import Method, run_bench
+    from hf_spec.prompts import load_questions
+
+    from .conftest import tiny_llama
+
+    target = tiny_llama(vocab_size=len(tokenizer))
+    target.config.max_position_embeddings = 64  # a summarization prompt is several hundred tokens
+    questions = load_questions(categories=["summarization"], per_category=1)
+    monkeypatch.setattr(runner, "make_drafter", lambda *a, **k: pytest.fail("a drafter was made"))
+    with pytest.raises(ValueError, match=r"Question \d+ \(summarization\) is too long: .* 64 positions"):
+        run_bench(target, tokenizer, [Method("baseline", "baseline"), Method("ngram", "hf-spec", 3, "ngram")],
+                  questions, max_new_tokens=8, progress=False)

@@ -31,7 +31,7 @@ from ..drafters.suffix import SuffixDrafter
 from ..events import StepEvent
 from ..loop import generate as spec_generate
 from ..metrics import SpecStats
-from ..prompts import Question, chat_inputs
+from ..prompts import Question, chat_inputs, check_context
 
 __all__ = ["Method", "parse_methods", "run_bench", "PEERS"]
 
@@ -323,6 +323,19 @@ class _Journal:
         os.replace(tmp, self.path)
 
 
+def check_questions_fit(target, tokenizer, questions: list[Question], max_new_tokens: int) -> None:
+    """Refuse questions whose prompt (chat template included) and ``max_new_tokens`` pass the target's context
+    (:func:`~hf_spec.prompts.check_context`): past it a model writes garbage, or fails with an index error (learned
+    positions). ``bench`` and ``tune`` ask before any drafter loads.
+
+    Raises:
+        ValueError: naming the first such question, by how much, and what fits.
+    """
+    for q in questions:
+        check_context(target, chat_inputs(tokenizer, q.text)["input_ids"].shape[1], max_new_tokens,
+                      what=f"Question {q.question_id} ({q.category})")
+
+
 def run_bench(
     target,
     tokenizer,
@@ -377,7 +390,8 @@ def run_bench(
         ``stats`` (:class:`~hf_spec.metrics.SpecStats`).
 
     Raises:
-        ValueError: no questions, or repeats < 1, or a journal written with other settings (which ones are named).
+        ValueError: no questions, or repeats < 1, or a journal written with other settings (which ones are named), or
+            a question whose prompt and ``max_new_tokens`` pass the target's context (before any run).
     """
     from tqdm import tqdm
 
@@ -392,6 +406,7 @@ def run_bench(
         raise ValueError("no questions selected: check --categories / --questions")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    check_questions_fit(target, tokenizer, questions, max_new_tokens)  # before any drafter loads or any run
     # one drafter per spec, shared by every k of a sweep: the loop passes each run's k
     given = drafters or {}
     drafters = {m.spec: given.get(m.spec) for m in methods if m.kind == "hf-spec"}

@@ -107,6 +107,7 @@ def run_tune(args) -> int:
     from ..adaptive import CycleK
     from ..bench import Method, decode_time_per_token, run_bench, summarize, tune_warnings
     from ..bench.report import cpu_shares
+    from ..bench.runner import check_questions_fit
     from ..prompts import counted
     from ..device import check_draft_dtype, resolve_device_map, resolve_dtype
     from ..drafters.registry import drafter_specs, make_drafter, parse_drafter
@@ -133,6 +134,7 @@ def run_tune(args) -> int:
     check_draft_dtype(args.draft_dtype, device_map)
     dtype = resolve_dtype(args.dtype, device_map)
     target, tok = load(args.target, dtype=dtype, device_map=device_map)
+    check_questions_fit(target, tok, questions, args.max_new_tokens)  # before the draft loads
     drafter = make_drafter(spec, target=target, tokenizer=tok, draft_dtype=args.draft_dtype)  # built once, both runs
     spec = str(spec)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
