@@ -290,6 +290,36 @@ def _acceptance_plot(stats: SpecStats):
     return fig
 
 
+def check_serving(host: str, port: int, log: str | None) -> None:
+    """``hf-spec demo``'s ``--host``, ``--port`` and ``--log``, checked before any model loads: an address and port
+    this process can listen on (a port in use, out of range or an address not of this machine failed with a
+    traceback once the models had loaded), and a log file that can be appended to (a folder, or a file under a
+    missing folder, failed at the first run). The log file is created if missing.
+
+    Raises:
+        ValueError: saying which flag, what failed and what to do.
+    """
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: a port is 0 to 65535 (7860 by default)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise ValueError(f"cannot serve on {host}:{port} ({e}); choose another --port, or a --host of this machine "
+                         "(127.0.0.1, or 0.0.0.0 for every interface)") from None
+    if log is not None:
+        try:
+            with open(log, "a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            raise ValueError(f"--log {log}: cannot append to it ({e.strerror}); give a file in a folder you can "
+                             "write to") from None
+
+
 class RunLog:
     """What the demo ran: one record per run's start, cancel (its page went away or pressed Stop while it ran)
     and end, with the run's phase (``speculative`` or ``plain``) and how many new tokens that phase had.
@@ -745,14 +775,12 @@ def main(argv=None) -> int:
     args = demo_parser().parse_args(argv)
     medusa = args.medusa
     if medusa is None:
-        from .medusa.heads import MedusaCheckpointError, heads_path
+        from .medusa.heads import default_heads
 
-        try:
-            heads_path(args.target)
-            medusa = args.target
-        except MedusaCheckpointError:
-            medusa = None  # no heads for this target: the Medusa choice is left out
+        found = default_heads(args.target)  # None: no heads for this target, the Medusa choice is left out
+        medusa = None if found is None else str(found)
     try:
+        check_serving(args.host, args.port, args.log)  # before the models load (minutes), not after
         models = load_models(args.target, args.draft or None, medusa, args.dtype, args.device_map, args.log)
     except ValueError as e:  # bad input: one line and status 2, as the other commands
         print(f"hf-spec: error: {e}", file=sys.stderr)

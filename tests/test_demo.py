@@ -40,6 +40,37 @@ def test_the_demo_help_is_the_demos_own():
     assert DEMO_DESCRIPTION == hf_spec.demo.__doc__.split("\n\n")[0]
 
 
+def test_bad_serving_flags_and_a_target_folder_fail_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """Break-it findings: --port 99999 or -5, a port in use and --host 256.1.1.1 were tracebacks once the models had
+    loaded; --log naming a folder failed at the first run; and a target given as a folder was taken for its own
+    Medusa heads folder ("config.json has no num_heads"). Each is now a one-line error before any model loads, and
+    a target folder has no default heads."""
+    import socket
+
+    import hf_spec.demo as demo
+    from hf_spec.medusa.heads import SHIPPED_DIR, default_heads
+
+    monkeypatch.setattr(demo, "load_models", lambda *a, **k: pytest.fail("a model loaded"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        for argv, says in ((["--port", "99999"], "a port is 0 to 65535"), (["--port", "-5"], "a port is 0 to 65535"),
+                           (["--port", str(taken)], f"cannot serve on 127.0.0.1:{taken}"),
+                           (["--host", "256.1.1.1"], "cannot serve on 256.1.1.1"),
+                           (["--log", str(tmp_path)], "cannot append to it"),
+                           (["--log", str(tmp_path / "missing" / "x.log")], "cannot append to it")):
+            assert demo.main(["--port", "0", *argv]) == 2, argv
+            assert says in capsys.readouterr().err, argv
+    assert default_heads("smollm2-135m") == SHIPPED_DIR / "smollm2-135m"  # shipped heads for a short name
+    folder = tmp_path / "smollm2-135m"
+    folder.mkdir()
+    for target in (str(folder), "HuggingFaceTB/SmolLM2-135M", ""):  # a model's folder or hub id: no default heads
+        assert default_heads(target) is None
+    monkeypatch.chdir(tmp_path)  # a local folder named like the short name is the model's
+    assert default_heads("smollm2-135m") is None
+
+
 def test_render_marks_each_kind_of_token():
     ev = lambda step, d, a, e: StepEvent(step, len(d), [d], [a], [e], 0.0, 0.0, 0.0, [False])  # noqa: E731
     html = render_tokens([ev(0, [], 0, [1]), ev(1, [2, 3, 4], 1, [2, 5]), ev(2, [6, 7], 2, [6, 7, 8])],
