@@ -35,7 +35,8 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line that is not a JSON object, has neither ``turns`` (a list) nor ``prompt``, or whose
+        ValueError: a folder or a file that is not UTF-8 text (a byte-order mark is fine); a line that is not a JSON
+            object, has neither ``turns`` (a list) nor ``prompt``, or whose
             prompt is not a string, is empty or holds a lone surrogate; a category in ``categories`` that the file does not have.
     """
     from .drafters.suffix import lone_surrogate
@@ -44,41 +45,49 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
     wanted = set(categories) if categories else None
     counts: dict[str, int] = {}
     out: list[Question] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg}); a .jsonl file has one object "
-                                 "per line, e.g. {\"prompt\": \"...\"}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: not a JSON object but {type(obj).__name__}; a .jsonl file has one "
-                                 "object per line, e.g. {\"prompt\": \"...\"}")
-            if "turns" in obj:
-                if not isinstance(obj["turns"], list):
-                    raise ValueError(f"{path}:{lineno}: 'turns' must be a list of strings (turn 1 is used), got "
-                                     f"{type(obj['turns']).__name__}; e.g. {{\"turns\": [\"...\"]}}")
-                text = obj["turns"][0] if obj["turns"] else ""
-            elif "prompt" in obj:
-                text = obj["prompt"]
-            else:
-                raise ValueError(f"{path}:{lineno}: expected a 'turns' or 'prompt' field")
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: the prompt must be a string, got {type(text).__name__}")
-            if not text.strip():
-                raise ValueError(f"{path}:{lineno}: empty prompt")
-            if bad := lone_surrogate(text):  # JSON may escape half of a surrogate pair: no tokenizer takes it
-                raise ValueError(f"{path}:{lineno}: the prompt holds {bad}, half of a character cut in two; fix or "
-                                 "drop that line")
-            cat = str(obj.get("category", "default"))
-            if wanted is not None and cat not in wanted:
-                continue
-            if per_category is not None and counts.get(cat, 0) >= per_category:
-                continue
-            counts[cat] = counts.get(cat, 0) + 1
-            out.append(Question(str(obj.get("question_id", lineno)), cat, text))
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a .jsonl file (one JSON object with 'prompt' or 'turns' a line)")
+    if not path.exists():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        # -sig: a byte-order mark some editors write; split at newlines only (JSON strings may hold U+2028)
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg}); a .jsonl file has one object "
+                             "per line, e.g. {\"prompt\": \"...\"}") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{lineno}: not a JSON object but {type(obj).__name__}; a .jsonl file has one "
+                             "object per line, e.g. {\"prompt\": \"...\"}")
+        if "turns" in obj:
+            if not isinstance(obj["turns"], list):
+                raise ValueError(f"{path}:{lineno}: 'turns' must be a list of strings (turn 1 is used), got "
+                                 f"{type(obj['turns']).__name__}; e.g. {{\"turns\": [\"...\"]}}")
+            text = obj["turns"][0] if obj["turns"] else ""
+        elif "prompt" in obj:
+            text = obj["prompt"]
+        else:
+            raise ValueError(f"{path}:{lineno}: expected a 'turns' or 'prompt' field")
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{lineno}: the prompt must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"{path}:{lineno}: empty prompt")
+        if bad := lone_surrogate(text):  # JSON may escape half of a surrogate pair: no tokenizer takes it
+            raise ValueError(f"{path}:{lineno}: the prompt holds {bad}, half of a character cut in two; fix or "
+                             "drop that line")
+        cat = str(obj.get("category", "default"))
+        if wanted is not None and cat not in wanted:
+            continue
+        if per_category is not None and counts.get(cat, 0) >= per_category:
+            continue
+        counts[cat] = counts.get(cat, 0) + 1
+        out.append(Question(str(obj.get("question_id", lineno)), cat, text))
     if wanted is not None and wanted - set(counts):
         present = _categories(path)
         raise ValueError(f"no questions of categories {sorted(wanted - set(counts))} in {path}; it has "
@@ -88,7 +97,7 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
 
 def _categories(path) -> list[str]:
     """Every category of a question file, in file order (for the error naming an unknown one)."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         cats = [str(json.loads(line).get("category", "default")) for line in f if line.strip()]
     return list(dict.fromkeys(cats))
 
@@ -175,6 +184,28 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "P
                              f"{context - prompt_tokens} new tokens, or shorten the prompt.")
         raise ValueError(f"{what} is too long: {counted(prompt_tokens, 'token')} as the model reads it reach past the "
                          f"context of the model, {context} positions; shorten the prompt.")
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The text of a UTF-8 file a command was given (a byte-order mark dropped), with errors that name it.
+
+    Args:
+        path: the file.
+        what: how messages name it, e.g. ``"--data notes.txt"``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a folder, or not UTF-8 text (the byte where it stops being).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} is a folder; give a text file")
+    if not path.exists():
+        raise FileNotFoundError(f"{what}: no such file")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
 
 
 def counted(n: int, noun: str) -> str:

@@ -52,12 +52,14 @@ def calibration_texts(source: str = "stdlib", num_texts: int = 128, max_chars: i
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"no calibration file {source}; use stdlib, a .txt or a .jsonl file")
-        if path.suffix == ".jsonl":
+        if path.suffix.lower() == ".jsonl":
             from .prompts import load_questions
 
             texts = [q.text for q in load_questions(path)]
         else:
-            texts = [t.strip() for t in path.read_text(encoding="utf-8").split("\n\n")]
+            from .prompts import read_text_file
+
+            texts = [t.strip() for t in read_text_file(path, f"--calibration {source}").split("\n\n")]
         texts = [t[:max_chars] for t in texts if t.strip()][:num_texts]
     if len(texts) < 8:
         raise ValueError(f"{source} gives {len(texts)} calibration texts; AWQ needs at least 8 (128 is usual)")

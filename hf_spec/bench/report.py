@@ -407,7 +407,7 @@ def load_results(path: str | Path) -> tuple[dict, dict, list[Method]]:
     if "prompts" not in result:
         raise ValueError(f"{path} has no per-prompt data (written by an older hf-spec)")
     config = result["config"]
-    methods = parse_methods(config["methods"], config["ks"], config.get("draft"), config.get("trees"))
+    methods = parse_methods(config["methods"], config["ks"], config.get("draft"), config.get("trees"), flags_used=False)
     names = {f.name for f in fields(SpecStats)} - {"per_row"}
     for p in result["prompts"]:
         for name, run in p["runs"].items():

@@ -67,7 +67,8 @@ class Method:
     tree: int | str = 0
 
 
-def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: list | None = None) -> list[Method]:
+def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: list | None = None, *,
+                  flags_used: bool = True) -> list[Method]:
     """Parse ``--methods`` (comma-separated: ``baseline``, transformers' peers, and any drafter spec) for one k
     or a sweep of ks, and each tree setting in ``trees`` (``--tree``: 0 = a chain, N nodes, ``"auto"``; default
     ``[0]``) for methods whose drafters draft trees, named ``METHOD@tree=N`` unless 0 (other methods run as
@@ -80,8 +81,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
     with ``auto``, the peers run at the sweep's fixed ks only.
 
     Raises:
-        ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty
-            list, k < 1.
+        ValueError: an unknown method or bad drafter spec, ``hf-assisted`` without a draft model, an empty list,
+            k < 1; with ``flags_used`` (the command line's ``--draft`` and ``--tree``; not when reading back a saved
+            run) a ``draft_name`` without ``hf-assisted``, trees asked of methods that draft none.
     """
     trees = list(dict.fromkeys(trees or [0]))
     # a method or k given twice would run twice per prompt under one name (its median then the slower of two)
@@ -94,6 +96,9 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
     if any(k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
         raise ValueError(f"k must be an integer >= 1 or auto, got {ks}")
     drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
+    if flags_used and draft_name is not None and not any(n.startswith("hf-assisted") for n in names):
+        raise ValueError(f"--draft {draft_name} names the draft model of hf-assisted, which --methods does not "
+                         "run: add hf-assisted to --methods, or drop --draft (hf-spec's draft model is draft:NAME)")
     draft_name = draft_name or (drafts[0] if drafts else None)
     out = [Method("baseline", "baseline")]
     for n in names:
@@ -128,6 +133,10 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
             for tree in shapes:
                 name = n if len(ks) == 1 else f"{n}@k={k}"
                 out.append(Method(name if not tree else f"{name}@tree={tree}", kind, k, arg, tree))
+    if flags_used and any(trees) and not any(m.tree for m in out):  # as generate refuses it: else all ran as chains
+        trees_by = sorted(name for name, cls in DRAFTERS.items() if cls.drafts_trees)
+        raise ValueError(f"--tree {','.join(map(str, trees))}: no method of --methods drafts trees; trees are drafted "
+                         f"by {', '.join(trees_by)}; drop --tree or add such a method")
     return out
 
 

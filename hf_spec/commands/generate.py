@@ -243,7 +243,7 @@ def _read_prompts(args) -> list[str]:
         raise ValueError(f"no such prompt file: {path}")
     if path.is_dir():
         raise ValueError(f"--prompt-file {path} is a folder; give a text or .jsonl file, or - for standard input")
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":  # as --corpus reads it: UP.JSONL is JSON lines too
         from ..prompts import load_questions
 
         prompts = [q.text for q in load_questions(path)]

@@ -59,8 +59,12 @@ def run_quantize(args) -> int:
 
 def run_provision(args) -> int:
     """``hf-spec provision``: install, assemble, verify and convert offline models into the cache."""
-    from ..models import provision
+    from ..models import MODELS, UnknownModelError, provision, resolve_name
 
+    unknown = [name for name in args.names if resolve_name(name) is None]
+    if unknown:  # every name before any download (the first was provisioned, then the second refused)
+        raise UnknownModelError(f"unknown offline model{'s' if len(unknown) > 1 else ''} "
+                                f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(MODELS))}")
     for name in args.names:
         print(provision(name))
     return 0

@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..loop import generated_length
-from ..prompts import chat_inputs, load_questions
+from ..prompts import chat_inputs, load_questions, read_text_file
 from .heads import MedusaConfig, MedusaHeads, check_heads_folder
 from .settings import TrainSettings
 
@@ -153,7 +153,7 @@ def sharegpt_questions(path: str | os.PathLike | None = None) -> list[str]:
 
 
 def _load_one(data: str, settings: TrainSettings) -> tuple[str, list]:
-    if data == "specbench" or data.endswith(".jsonl"):
+    if data == "specbench" or data.lower().endswith(".jsonl"):
         path = None if data == "specbench" else data
         questions = load_questions(path)
         seen: dict[str, int] = {}
@@ -169,7 +169,7 @@ def _load_one(data: str, settings: TrainSettings) -> tuple[str, list]:
         if not Path(data).exists():
             raise FileNotFoundError(f"no such data file: {data} (use specbench, sharegpt, a .jsonl of questions "
                                     "or a .txt)")
-        raw = Path(data).read_text(encoding="utf-8")
+        raw = read_text_file(data, f"--data {data}")
         kind, texts = "text", [c.strip() for c in raw.split("\n\n") if c.strip()]
     if settings.max_texts and len(texts) > settings.max_texts:  # a seeded sample, spread over all categories
         pick = torch.randperm(len(texts), generator=torch.Generator().manual_seed(settings.seed))[: settings.max_texts]
