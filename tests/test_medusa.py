@@ -433,6 +433,14 @@ def test_interrupted_training_resumes_to_the_same_heads(tmp_path, monkeypatch):
     other = medusa_train.TrainSettings(heads=2, epochs=3, lr=1e-2, batch_size=32, negatives=8)
     with pytest.raises(ValueError, match="other settings"):
         medusa_train.train_heads(fresh_heads(target), feats, train_texts, other, ckpt, progress=False)
+    # told before the target loads, naming what changed (break-it: after the answers, and no names); a damaged
+    # checkpoint is an error that says so (it was torch's zip-reader traceback)
+    with pytest.raises(ValueError, match=r"other settings \(--checkpoint-every 3 -> 200; --epochs 2 -> 3\)"):
+        medusa_train.check_checkpoint(tmp_path, other)
+    medusa_train.check_checkpoint(tmp_path, settings)  # the same settings resume
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a readable training checkpoint .*delete it"):
+        medusa_train.check_checkpoint(tmp_path, settings)
 
 
 def _sharegpt_file(tmp_path, records, cut=0):
@@ -879,3 +887,21 @@ def test_agreement_over_a_map_of_fewer_than_five_ids_counts_only_its_ids(monkeyp
         report = medusa_train.evaluate_heads(heads, feats, texts)[0]
     assert report["top5"] == pytest.approx(sum(t in common for t in labels) / len(labels))
     assert report["top1"] <= report["top5"] < 1
+
+
+def test_training_budgets_that_cannot_work_are_told_before_the_answers(tokenizer, tmp_path):
+    """Break-it findings: --response-tokens 0 with questions died in transformers' generate, and --max-tokens below
+    every prompt dropped all questions silently, then said 'no training positions' after the target had loaded."""
+    from hf_spec.medusa.train import collect_features, load_texts
+
+    from .conftest import tiny_llama
+
+    with pytest.raises(ValueError, match="--response-tokens 0 with question data"):
+        load_texts("specbench", medusa_train.TrainSettings(response_tokens=0))
+    with pytest.raises(ValueError, match="--response-tokens 64 leaves no room .* --max-tokens 32"):
+        load_texts("specbench", medusa_train.TrainSettings(response_tokens=64, max_tokens=32))
+    settings = medusa_train.TrainSettings(response_tokens=8, max_tokens=16)
+    kind, texts = load_texts("specbench", medusa_train.TrainSettings(max_texts=3))
+    target = tiny_llama(vocab_size=len(tokenizer))
+    with pytest.raises(ValueError, match=r"no question fits --max-tokens 16 with --response-tokens 8 \(the shortest"):
+        collect_features(target, tokenizer, kind, texts, settings, False, cache_dir=tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["run_train_medusa", "run_quantize", "run_provision"]
 
 
@@ -18,14 +20,14 @@ def run_train_medusa(args) -> int:
     settings = TrainSettings(**{f.name: getattr(args, f.name) for f in fields(TrainSettings)})
     settings.check()  # before loading the target, and before torch loads
     from ..device import resolve_dtype
-    from ..medusa.train import load_texts, train_medusa
+    from ..medusa.heads import check_heads_folder
+    from ..medusa.train import check_checkpoint, load_texts, train_medusa
     from ..models import load
     from .generate import check_out_folder
 
     check_out_folder(args.out)  # else found once the target has loaded
-    from ..medusa.heads import check_heads_folder
-
     check_heads_folder(args.out)  # a model's own folder: its files would be replaced by the heads'
+    check_checkpoint(args.out, settings)  # a resume that cannot work: now, not after the target's answers
     loaded = load_texts(args.data, settings)  # a missing file or package, or no text: refused before the target loads
     model, tokenizer = load(args.target, dtype=resolve_dtype(args.dtype, "cpu"))  # the trainer runs on the CPU
     report = train_medusa(model, tokenizer, args.data, args.out, settings, target_name=args.target, loaded=loaded)
@@ -36,7 +38,11 @@ def run_train_medusa(args) -> int:
     print("| head | predicts | top-1 agreement | top-5 agreement | held-out positions |")
     print("|---|---|---|---|---|")
     for h in report["agreement"]:
-        print(f"| {h['head']} | t+{h['head'] + 2} | {h['top1']:.1%} | {h['top5']:.1%} | {h['positions']} |")
+        rates = [f"{h[k]:.1%}" if h["positions"] else "n/a" for k in ("top1", "top5")]
+        print(f"| {h['head']} | t+{h['head'] + 2} | {rates[0]} | {rates[1]} | {h['positions']} |")
+    if not any(h["positions"] for h in report["agreement"]):
+        print("no held-out positions, so no agreement measured: give more texts (--holdout-fraction of them are "
+              "held out)", file=sys.stderr)
     if report["token_map"]:
         coverage = report["token_map"]["held_out_coverage"]
         print(f"token map: {report['token_map']['size']} ids, the target's held-out tokens "

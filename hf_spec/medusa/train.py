@@ -204,6 +204,12 @@ def load_texts(data: str | list[str], settings: TrainSettings) -> tuple[str, lis
     if len(kinds) > 1:
         raise ValueError(f"cannot mix question data and plain text in one run ({', '.join(sources)}): the target "
                          "answers questions but reads text; train on one kind")
+    if kinds == {"questions"} and settings.response_tokens < 1:
+        raise ValueError("--response-tokens 0 with question data: the heads learn from the target's answers; give "
+                         "--response-tokens >= 1 (128 is usual)")
+    if kinds == {"questions"} and settings.response_tokens >= settings.max_tokens:
+        raise ValueError(f"--response-tokens {settings.response_tokens} leaves no room for a question within "
+                         f"--max-tokens {settings.max_tokens}: raise --max-tokens")
     return kinds.pop(), [t for _, texts in loaded for t in texts]
 
 
@@ -275,6 +281,10 @@ def collect_features(target, tokenizer, kind: str, texts: list[str], settings: T
         if kind == "questions":
             encoded = {i: chat_inputs(tokenizer, texts[i])["input_ids"][0] for i in todo}
             fits = [i for i in todo if len(encoded[i]) + settings.response_tokens <= settings.max_tokens]
+            if todo and not fits and len(todo) == len(texts):  # every question dropped: say why, before any answer
+                raise ValueError(f"no question fits --max-tokens {settings.max_tokens} with --response-tokens "
+                                 f"{settings.response_tokens} (the shortest prompt has "
+                                 f"{min(len(e) for e in encoded.values())} tokens): raise --max-tokens")
             for i in set(todo) - set(fits):
                 out[i] = empty
             finish(sorted(set(todo) - set(fits)))
@@ -452,9 +462,11 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
     step, start = 0, 0
     key = _settings_hash(settings, heads)
     if checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        state = _read_checkpoint(checkpoint)
+        _check_settings(checkpoint, state, settings)
         if state.get("key") != key:
-            raise ValueError(f"{checkpoint} was written with other settings; use another --out or delete it")
+            raise ValueError(f"{checkpoint} was written with other settings (or for another target's sizes); use "
+                             "another --out or delete it")
         heads.heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -490,7 +502,8 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
             if not all(bool(torch.isfinite(p).all()) for p in heads.heads.parameters()):
                 raise FloatingPointError(f"the heads' weights are no longer finite after step {step} (--lr "
                                          f"{settings.lr} too high?); the last checkpoint, {checkpoint}, is kept as it was")
-            _atomic_save({"key": key, "heads": heads.heads.state_dict(), "optimizer": opt.state_dict(),
+            _atomic_save({"key": key, "settings": _trained_settings(settings),
+                          "heads": heads.heads.state_dict(), "optimizer": opt.state_dict(),
                           "scheduler": sched.state_dict(), "generator": g.get_state(),
                           "torch_rng": torch.get_rng_state(), "step": step}, checkpoint)
     bar.close()
@@ -498,9 +511,53 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
     return {"steps": total_steps, "final_loss": loss_value, "seconds": time.perf_counter() - t0, "resumed_from_step": start}
 
 
-def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
+def _trained_settings(settings: TrainSettings) -> dict:
+    """The settings that shape the training (all but ``truncated_vocab_size``, chosen after training)."""
     trained = asdict(settings)
-    trained.pop("truncated_vocab_size")  # chosen after training: it does not change what is trained
+    trained.pop("truncated_vocab_size")
+    return trained
+
+
+def _read_checkpoint(path: Path) -> dict:
+    """A training checkpoint, or ``ValueError`` saying it is unreadable (a truncated or foreign file)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch's zip reader, pickle: whatever a damaged file raises
+        raise ValueError(f"{path} is not a readable training checkpoint ({type(e).__name__}); delete it to train "
+                         "from the start") from None
+    if not isinstance(state, dict) or "key" not in state:
+        raise ValueError(f"{path} is not a train-medusa checkpoint; delete it or use another --out")
+    return state
+
+
+def _check_settings(path: Path, state: dict, settings: TrainSettings) -> None:
+    """Refuse a checkpoint written with other settings, naming them (checkpoints from before they were stored in it
+    are judged by their key alone, once the target has loaded)."""
+    saved = state.get("settings")
+    if not isinstance(saved, dict):
+        return
+    now = _trained_settings(settings)
+    changed = [f"--{name.replace('_', '-')} {saved.get(name)!r} -> {now.get(name)!r}"
+               for name in sorted(set(saved) | set(now)) if saved.get(name) != now.get(name)]
+    if changed:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(changed)}): run with the checkpoint's "
+                         "settings to resume, or use another --out or delete it to start over")
+
+
+def check_checkpoint(out_dir: str | os.PathLike, settings: TrainSettings) -> None:
+    """Before the target loads: refuse ``out_dir/checkpoint.pt`` if it is unreadable or was written with other
+    settings (which ones are named), so that a resume that cannot work fails at once, not after the answers.
+
+    Raises:
+        ValueError: as said.
+    """
+    path = Path(out_dir) / "checkpoint.pt"
+    if path.exists():
+        _check_settings(path, _read_checkpoint(path), settings)
+
+
+def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
+    trained = _trained_settings(settings)
     config = heads.config.to_json()
     config.pop("truncated_vocab_size", None)
     blob = json.dumps({"settings": trained, "heads": config}, sort_keys=True)
@@ -530,6 +587,7 @@ def train_medusa(target, tokenizer, data: str | list[str], out_dir: str | os.Pat
     """
     settings.check()
     check_heads_folder(out_dir)  # before hours of work, not at the save
+    check_checkpoint(out_dir, settings)
     out = Path(out_dir)
     torch.manual_seed(settings.seed)
     t_start = time.perf_counter()
