@@ -519,6 +519,8 @@ def main(argv=None) -> int:
     try:
         return command(args)
     except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever torch was
+        if not as_json and sys.stderr.isatty():
+            print(file=sys.stderr)  # off the line a progress bar holds
         return _fail(KeyboardInterrupt("interrupted"), EXIT_INTERRUPTED, as_json)
     except _USAGE_ERRORS as e:  # bad input: a message, not a traceback
         return _fail(e, EXIT_USAGE, as_json)

@@ -380,6 +380,11 @@ def provision(name: str) -> Path:
                     pass
         return final
     _require_gguf(short)  # before any package is installed or anything written
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError as e:  # a read-only home or cache: say where the cache can go instead
+        raise PermissionError(f"cannot write hf-spec's cache at {cache_dir()} ({e.strerror}: {e.filename}); set "
+                              "HF_SPEC_CACHE to a folder you can write to") from None
     with building(final):  # one build at a time; a killed build's leftovers go
         if complete():  # built meanwhile by another process
             return final

