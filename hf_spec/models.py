@@ -463,7 +463,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
         UnknownModelError: ``name`` is no known model, no local folder, and not of hub form ``org/name``.
         ProvisioningError, ModelChecksumError: an offline model could not be installed, assembled (its sha256
             checked) or converted (:func:`provision`).
-        ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint.
+        ValueError: an unknown ``quantization``, or one asked of an already quantized checkpoint; a local folder
+            without ``config.json`` or without a tokenizer (before any weight loads).
         ImportError: ``quantization`` without bitsandbytes installed; an offline model not yet provisioned
             without the ``gguf`` package (``pip install 'hf-spec[offline]'``).
         OSError: ``from_pretrained`` could not load a hub name (the hub unreachable, or no such repository):
@@ -495,13 +496,24 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
     if quantization is not None:
         already = quantization_method(path)
         if already is not None:
-            raise ValueError(f"{name} is already quantized ({already}); load it without quantization={quantization!r}")
+            raise ValueError(f"{name} is already quantized ({already}); load it as it is (no --quantization / "
+                             f"quantization={quantization!r})")
         kwargs["quantization_config"] = bitsandbytes_config(quantization, dtype if dtype != "auto" else None)
+    folder = Path(path)
+    if folder.is_dir():  # a local folder: what transformers would find missing only with a generic message
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json: not a model folder (give the folder save_pretrained "
+                             "wrote, an offline short name or a hub name)")
+        if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                                     "vocab.json")):
+            raise ValueError(f"{folder} has no tokenizer (tokenizer.json or tokenizer_config.json): save the model's "
+                             "tokenizer into it (tokenizer.save_pretrained(folder))")
     try:
+        # the tokenizer first: a folder without one fails in a second, not after its weights have loaded
+        tokenizer = AutoTokenizer.from_pretrained(path, **cached_only)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype if dtype is not None else torch.float32, device_map=device_map, **{**cached_only, **kwargs}
         )
-        tokenizer = AutoTokenizer.from_pretrained(path, **cached_only)
     except OSError as e:
         if not hub:  # an offline model or a local folder: transformers' message says it all
             raise

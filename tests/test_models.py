@@ -91,6 +91,7 @@ def test_a_hub_name_where_the_hub_cannot_be_reached_reads_the_local_cache_at_onc
         raise OSError("We couldn't connect to the hub, and couldn't find them in the cached files.")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)  # read first, as cheaper
     with pytest.raises(OSError, match=r"cannot be reached: no route to host, so only this machine's Hugging Face cache "
                                       r"was read, and it does not hold it\); qwen2.5-coder-1.5b is the offline build"):
         hf_spec.load("Qwen/Qwen2.5-Coder-1.5B-Instruct")
@@ -336,3 +337,22 @@ def test_an_unknown_category_is_named_not_dropped():
                                          r"writing, roleplay"):
         load_questions(categories=["coding", "wrting"], per_category=1)
     assert {q.category for q in load_questions(categories=["coding", "qa"], per_category=1)} == {"coding", "qa"}
+
+
+def test_a_local_folder_without_a_config_or_tokenizer_is_told_before_its_weights_load(tmp_path, monkeypatch):
+    """Break-it findings: a folder without a tokenizer failed with transformers' 'sentencepiece or tiktoken' message
+    after the weights had loaded; an empty folder with 'Unrecognized model ... model_type'."""
+    import transformers
+
+    from .conftest import tiny_llama
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights loaded"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="has no config.json: not a model folder"):
+        hf_spec.load(str(empty))
+    bare = tmp_path / "bare"
+    tiny_llama().save_pretrained(bare)
+    with pytest.raises(ValueError, match=r"has no tokenizer .*tokenizer.save_pretrained"):
+        hf_spec.load(str(bare))
