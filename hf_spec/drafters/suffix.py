@@ -52,8 +52,9 @@ class SuffixDrafter(Drafter):
             token (the tokens and suffix arrays over them, int64; :class:`SuffixArrayLevels`). Time: each call's
             outputs are indexed at its end, in the calling thread, as a level of their own merged with older
             levels of at most 4 times their size, so a token is re-sorted ``O(log N)`` times in all rather than
-            at every call; the occasional merge of the largest levels costs what sorting them costs (1.5 s for a
-            million tokens of repetitive outputs on a 2-core CPU).
+            at every call; the occasional merge of the largest levels costs what sorting them costs (about a
+            second for a million tokens on a 2-core CPU: docs/benchmarks.md, "Past outputs indexed
+            log-structured").
         max_match: the longest suffix matched (tokens, >= min_match).
         min_match: the shortest suffix matched (tokens, >= 1).
         max_spec_factor: at most ``ceil(max_spec_factor * n)`` tokens are proposed after a match of n tokens

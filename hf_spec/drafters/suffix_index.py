@@ -445,8 +445,8 @@ class SuffixArrayLevels:
     "The log-structured merge-tree"). Each :meth:`add` indexes only the new documents, as a level of their own,
     and merges a level into (rebuilds it together with) the next older one while that one holds at most
     :data:`MERGE_FACTOR` times its tokens: a token is re-sorted ``O(log N)`` times in all, where one suffix array
-    rebuilt over everything at every :meth:`add` re-sorted all N tokens each time (1.5 s at a million tokens of
-    repetitive outputs on a 2-core CPU). Documents dropped from the oldest level stop counting at once
+    rebuilt over everything at every :meth:`add` re-sorted all N tokens each time (docs/benchmarks.md, "Past
+    outputs indexed log-structured", has both measured). Documents dropped from the oldest level stop counting at once
     (:attr:`SuffixArray.start`), and that level is rebuilt once more of it is dropped than kept.
 
     A match and its continuation count the occurrences in all levels together: the same answers as one
