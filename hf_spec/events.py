@@ -55,12 +55,14 @@ class StepEvent:
         prompt_tokens: at step 0, per row, its prompt's tokens (without its left padding); ``None`` after it and
             in hand-built events.
         finish_reasons: per row, vLLM's finish reason once ``finished``: ``"length"`` (``max_new_tokens`` or
-            ``max_length`` reached, checked first as vLLM does), ``"stop"`` (EOS, a stop string or another
-            stopping criterion), ``"abort"`` (the call raised first: see ``aborted``); ``None`` for a row still
-            running. ``None`` in hand-built events.
-        aborted: ``True`` for the one event the loop sends the caller's ``event_listeners`` when the call raises
-            after its first event (an exception, ``KeyboardInterrupt``): the rows still running, each ``finished``
-            with reason ``"abort"``, nothing drafted or emitted, no target forward; then the error propagates.
+            ``max_length`` reached: checked before EOS, as vLLM's scheduler does), ``"stop"`` (EOS, a stop string,
+            also on the last allowed token as vLLM's detokenizer says, or another stopping criterion),
+            ``"abort"`` (the call raised first: see ``aborted``); ``None`` for a row still running. ``None`` in
+            hand-built events.
+        aborted: ``True`` for the event the loop sends each of the caller's ``event_listeners`` when the call
+            raises after handing it an event (an exception, ``KeyboardInterrupt``, a listener's own error): the
+            rows still running after the last event that listener was handed, each ``finished`` with reason
+            ``"abort"``, nothing drafted or emitted, no target forward; then the error propagates.
             A listener counting forwards or tokens skips it (:class:`~hf_spec.metrics.SpecStats` does).
     """
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StopStringCriteria, StoppingCriteriaList
 from transformers.generation import logits_process
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -531,36 +531,43 @@ def _speculative_decode(
     active = list(range(bsz))  # original indices of the rows still in the batch
     finished = [False] * bsz
 
-    last_event: list[StepEvent] = []  # the latest event every listener took (abort_unfinished reads it)
+    # per caller's listener (by its place in listeners: 1.. after the call's statistics, before any controller):
+    # the latest event it was handed
+    handed: dict[int, StepEvent] = {}
 
     def emit(event: StepEvent) -> None:
-        for listener in listeners:
+        for i, listener in enumerate(listeners):
+            if 0 < i <= len(user_listeners):
+                handed[i] = event
             listener(event)
-        last_event[:] = [event]
+
+    reasons: dict[int, str] = {}  # a finished row's finish reason (finish_reason)
 
     def finish_reasons(batch_rows) -> list[str | None]:
-        """vLLM's finish reason of each row: ``"length"`` at ``max_length`` (vLLM checks the length first),
-        ``"stop"`` where EOS, a stop string or another criterion ended it, ``None`` while it runs."""
-        return [None if not finished[b] else "length" if len(rows[b]) >= max_length else "stop" for b in batch_rows]
+        """Each row's finish reason (:func:`finish_reason`), ``None`` while it runs."""
+        return [reasons.get(b) if finished[b] else None for b in batch_rows]
 
     def abort_unfinished(exc_type, exc, tb) -> bool:
-        """When the call raises after its first event: one event for the caller's listeners with the rows still
-        running, ``aborted`` and finish reason ``"abort"``, so that metrics can close those requests (vLLM counts
-        them as aborted). No forward happened; the call's own listeners (statistics, controllers) do not get it.
-        A listener that raises here is logged, so the call's own error is what propagates."""
-        if exc_type is None or not last_event:
+        """When the call raises after its first event: to each of the caller's listeners that was handed an event,
+        one event with the rows still running after the last one it was handed (a listener that raised on an
+        event had it handed too), ``aborted`` and finish reason ``"abort"``, so that metrics can close those
+        requests (vLLM counts them as aborted). No forward happened; the call's own listeners (statistics,
+        controllers) do not get it. A listener that raises here is logged, so the call's own error is what
+        propagates."""
+        if exc_type is None:
             return False
-        last = last_event[0]
-        running = [row for row, done in zip(last.rows, last.finished) if not done]
-        if running:
+        for i, listener in enumerate(user_listeners, start=1):
+            last = handed.get(i)
+            running = [] if last is None else [row for row, done in zip(last.rows, last.finished) if not done]
+            if not running:
+                continue
             event = StepEvent(last.step + 1, 0, [[] for _ in running], [0] * len(running), [[] for _ in running],
                               0.0, 0.0, clock(device) - t0, [True] * len(running), rows=running, method=method,
                               finish_reasons=["abort"] * len(running), aborted=True)
-            for listener in user_listeners:
-                try:
-                    listener(event)
-                except Exception:  # the call's own error matters more
-                    logger.exception("hf_spec: an event listener raised on the abort event")
+            try:
+                listener(event)
+            except Exception:  # the call's own error matters more
+                logger.exception("hf_spec: an event listener raised on the abort event")
         return False
 
     call.push(abort_unfinished)
@@ -579,8 +586,18 @@ def _speculative_decode(
                 so_far = tuple(s[None] for s in scores_out[b])
             if row_stops(rows[b][None], so_far):
                 finished[b] = True
+                reasons[b] = finish_reason(rows[b][None])
                 break
         return kept
+
+    def finish_reason(ids: torch.LongTensor) -> str:
+        """vLLM's finish reason of a row that stopped (``ids [1, L]``): ``"length"`` at ``max_length`` (vLLM's
+        scheduler checks the length before EOS), unless a stop string ended it there too (vLLM's detokenizer then
+        says ``"stop"``); ``"stop"`` for EOS, a stop string or another criterion before it."""
+        if ids.shape[1] < max_length:
+            return "stop"
+        strings = [c for c in stopping_criteria if isinstance(c, StopStringCriteria)]
+        return "stop" if any(bool(c(ids, None).any()) for c in strings) else "length"
 
     def row_stops(ids: torch.LongTensor, so_far) -> bool:
         """Whether the stopping criteria end a row (``ids [1, L]``). In a batch each criterion's answer must be a

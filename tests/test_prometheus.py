@@ -192,6 +192,60 @@ def test_a_call_that_raises_closes_its_requests_as_aborted(error):
     assert got[("vllm:generation_tokens_total", key)] == kept.num_emitted_tokens > 0
 
 
+@pytest.mark.parametrize("at_step", [0, 2])
+def test_a_listener_that_raises_closes_what_each_listener_saw(at_step):
+    """A second break-it finding: a listener raising on the first event left the running gauge up for good (no
+    abort was sent: the rows were known only once every listener had taken an event), and one raising later had the
+    listeners before it see a row finish at that step, then abort it again. Now each listener gets the rows still
+    running after the last event it was handed: the metrics close every request once."""
+    target, draft = tiny_pair()
+    prompts = [[0, 5, 9, 5, 9, 5, 3], [0, 11, 5, 9]]
+    ids, mask = left_pad(prompts)
+    metrics = PrometheusMetrics(model_name="tiny-llama")
+    before, after = [], []
+
+    def raises(event):
+        if event.step == at_step:
+            raise RuntimeError("a listener failed")
+
+    with pytest.raises(RuntimeError, match="a listener failed"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.DraftModelDrafter(draft, 3),
+                        event_listeners=[metrics.listener("draft"), before.append, raises, after.append])
+    # the listeners before the failing one were handed step at_step, the one after it was not
+    assert before[-1].aborted and before[-1].step == at_step + 1 and before[-2].step == at_step
+    assert (after[-1].aborted and after[-1].step == at_step) if at_step else after == []
+    for events in (before, after):
+        closed = [r for e in events for r, reason in zip(e.rows, e.finish_reasons or []) if reason]
+        assert sorted(closed) == sorted(set(closed))  # no row closed twice
+    got = scrape(generate_latest(metrics.registry).decode())
+    key = lab("tiny-llama", "draft")
+    assert got[("vllm:num_requests_running", key)] == 0
+    assert sum(got[("vllm:request_success_total", lab("tiny-llama", "draft", finished_reason=r))]
+               for r in ("stop", "length", "abort")) == len(prompts)
+
+
+def test_a_stop_string_on_the_last_allowed_token_is_a_stop(tokenizer):
+    """vLLM's detokenizer says "stop" for a stop string even where the length cap was reached at the same token (its
+    scheduler says "length" first for EOS there); the loop said "length" for both (a break-it finding)."""
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
+    from .conftest import tiny_llama
+
+    target = tiny_llama(vocab_size=len(tokenizer), seed=3)
+    prompt = torch.tensor([tokenizer("The list: one, two,")["input_ids"]])
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)[0, prompt.shape[1]:].tolist()
+    # the first new token whose text is new to the answer: a stop string that ends the answer there and not before
+    j = next(j for j in range(1, 12) if (t := tokenizer.decode(plain[j:j + 1])).strip()
+             and t not in tokenizer.decode(plain[:j]))
+    stop = StoppingCriteriaList([StopStringCriteria(tokenizer, [tokenizer.decode(plain[j:j + 1])])])
+    for max_new, reason in ((j + 1, "stop"), (j, "length")):  # the stop string at the last allowed token, or after it
+        events = []
+        target.generate(prompt, max_new_tokens=max_new, do_sample=False, custom_generate=hf_spec.generate,
+                        drafter=hf_spec.NgramDrafter(3), stopping_criteria=stop, event_listeners=[events.append])
+        assert events[-1].finish_reasons == [reason], (max_new, j)
+
+
 def test_one_itl_observation_per_step_whatever_it_emits():
     """vLLM v1's rule on hand-made events: a step emitting 3 tokens is one ITL observation of the step's
     whole interval; a row that finishes leaves; ``rows`` maps listed rows to requests."""
