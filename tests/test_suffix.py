@@ -282,6 +282,19 @@ def test_levels_of_past_outputs_answer_as_one_array_over_the_kept_ones(seed):
                     assert got.origin == "memory"
     with pytest.raises(ValueError, match=">= 0"):
         levels.add([[1, -2]])
+
+    class OnGpu(torch.Tensor):  # what a GPU call's outputs do: numpy reads host memory only
+        def numpy(self, *args, **kwargs):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()")
+
+        __array__ = numpy
+
+        def cpu(self, *args, **kwargs):
+            return self.as_subclass(torch.Tensor)
+
+    gpu = SuffixArrayLevels(10)
+    gpu.add([torch.tensor([4, 5, 6]).as_subclass(OnGpu)])  # raised TypeError at every call's end (a break-it finding)
+    assert [d.tolist() for d in gpu.documents] == [[4, 5, 6]]
     # ties across levels go to the latest occurrence, counts add up across levels
     levels = SuffixArrayLevels(100)
     levels.add([[1, 3], [7] * 10])

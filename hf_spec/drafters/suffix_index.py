@@ -487,14 +487,16 @@ class SuffixArrayLevels:
         return max((level.max_id for level in self.levels), default=-1)
 
     def add(self, documents) -> None:
-        """Index ``documents`` (sequences of token ids >= 0; empty ones are skipped), then drop the oldest beyond
-        ``max_tokens``.
+        """Index ``documents`` (sequences or tensors, on any device, of token ids >= 0; empty ones are skipped), then
+        drop the oldest beyond ``max_tokens``.
 
         Raises:
             ValueError: a negative token id.
         """
         new = []
         for doc in documents:
+            if hasattr(doc, "detach"):  # a tensor, on any device (a GPU call's outputs: numpy reads host memory only)
+                doc = doc.detach().cpu().numpy()
             doc = np.asarray(doc, dtype=np.int64).reshape(-1)[-self.max_tokens:]
             if len(doc) and int(doc.min()) < 0:
                 raise ValueError("token ids must be >= 0")
