@@ -699,20 +699,23 @@ def quantize_draft_int8(model: torch.nn.Module) -> int:
 
 
 def _mlp_down_projections(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The MLP down projections of ``model``: ``nn.Linear`` layers into ``hidden_size`` features from more (or from
-    the config's ``intermediate_size``), outside attention modules (whose output projection may also widen: Gemma 3's
-    heads x head size exceed its hidden size). By shape rather than the config's one ``intermediate_size``, which
-    heterogeneous configs leave unset or set per layer (Gemma 3n's list, Gemma 4's double-wide MLPs)."""
-    text = model.config.get_text_config()
-    hidden, intermediate = uniform_attr(text, "hidden_size"), uniform_attr(text, "intermediate_size")
+    """The MLP down projections of ``model``: each ``nn.Linear`` into ``hidden_size`` features from more (an MLP's
+    wider inner features) or fed by a sibling ``nn.Linear`` out of ``hidden_size`` (a shared expert narrower than
+    the model), among the children of a module that is no attention (whose output projection the query projection
+    feeds) and no state-space or convolution mixer (a ``Conv1d`` among its children, as in Mamba's and a gated delta
+    net's: their output projection reads no MLP's activations). By structure rather than the
+    config's one ``intermediate_size``, which heterogeneous configs leave unset or set per layer (Gemma 3n's list,
+    Gemma 4's double-wide MLPs), OPT names ``ffn_dim`` and shared experts do not have."""
+    hidden = uniform_attr(model.config.get_text_config(), "hidden_size")
     found = []
     for parent in model.modules():
-        if "attention" in type(parent).__name__.lower():
+        children = list(parent.children())
+        if "attention" in type(parent).__name__.lower() or any(isinstance(c, torch.nn.Conv1d) for c in children):
             continue
-        for child in parent.children():
-            if (type(child) is torch.nn.Linear and child.out_features == hidden
-                    and (child.in_features > hidden or child.in_features == intermediate)):
-                found.append(child)
+        linears = [c for c in children if type(c) is torch.nn.Linear]
+        fed = {c.out_features for c in linears if c.in_features == hidden}
+        found += [c for c in linears if c.out_features == hidden and (c.in_features > hidden or c.in_features in fed)
+                  and c.in_features != hidden]
     return found
 
 

@@ -187,12 +187,13 @@ def test_an_int8_draft_keeps_its_down_projections_and_computes_what_float32_does
 
 
 @pytest.mark.parametrize("name", ["Gemma 3n (shared keys and values)", "Gemma 4 (shared keys and values)", "OPT",
-                                  "GPT-NeoX", "Gemma 3"])
+                                  "GPT-NeoX", "Gemma 3", "Phi-3"])
 def test_an_int8_draft_finds_down_projections_of_any_size_and_name(name):
     """The down projections were found by the config's one intermediate_size: Gemma 3n's per-layer list matched none
     and Gemma 4's double-wide MLPs only some, so theirs became int8 (the outliers their inputs carry, lost). Now by
-    shape outside attention: every MLP's, whatever it is called (down_proj, fc2, dense_4h_to_h), and no attention
-    output projection (Gemma 3's heads x head size are wider than its hidden size)."""
+    structure outside attention: every MLP's, whatever it is called (down_proj, fc2, dense_4h_to_h) or however its
+    up projection is cut (Phi-3's fused gate_up), and no attention output projection (Gemma 3's heads x head size
+    are wider than its hidden size)."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
     from . import conformance as C
@@ -213,6 +214,25 @@ def test_an_int8_draft_finds_down_projections_of_any_size_and_name(name):
     assert any(isinstance(m, DynamicLinear) for m in model.modules())
     if name.startswith("Gemma 4"):
         assert len(sizes) == 2  # the double-wide MLPs too
+
+
+def test_an_int8_draft_tells_mlps_from_mixers_and_finds_shared_experts():
+    """A break-it finding: Mamba's (and Jamba's, Bamba's, a gated delta net's) mixer output projections were taken
+    for MLP down projections, and a shared expert narrower than the model was missed."""
+    import transformers as tf
+
+    from hf_spec.kernels import _mlp_down_projections
+
+    mamba = tf.MambaForCausalLM(tf.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=128,
+                                               intermediate_size=128))
+    assert _mlp_down_projections(mamba) == []
+    deepseek = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=128, moe_intermediate_size=32, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=16, n_group=1, topk_group=1))
+    found = {n for n, m in deepseek.named_modules() if any(m is d for d in _mlp_down_projections(deepseek))}
+    assert found == {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.shared_experts.down_proj"}
 
 
 def _int4_reference(weight: torch.Tensor, group: int) -> torch.Tensor:
