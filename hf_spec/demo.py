@@ -301,8 +301,8 @@ def check_serving(host: str, port: int, log: str | None) -> None:
     """
     import socket
 
-    if not 0 <= port <= 65535:
-        raise ValueError(f"--port {port}: a port is 0 to 65535 (7860 by default)")
+    if not 1 <= port <= 65535:  # gradio takes no 0 ("any free port"): it serves nothing there
+        raise ValueError(f"--port {port}: a port is 1 to 65535 (7860 by default)")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as s:

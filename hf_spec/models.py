@@ -505,7 +505,8 @@ def load(name: str, dtype=None, device_map=None, quantization: str | None = None
             raise ValueError(f"{folder} has no config.json: not a model folder (give the folder save_pretrained "
                              "wrote, an offline short name or a hub name)")
         if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                                                     "vocab.json")):
+                                                     "vocab.json", "vocab.txt", "spiece.model",
+                                                     "sentencepiece.bpe.model")) and not any(folder.glob("*.tiktoken")):
             raise ValueError(f"{folder} has no tokenizer (tokenizer.json or tokenizer_config.json): save the model's "
                              "tokenizer into it (tokenizer.save_pretrained(folder))")
     try:

@@ -470,7 +470,7 @@ def test_questions_past_the_targets_context_are_refused_before_any_run(tokenizer
     any drafter loads."""
     import hf_spec.bench.runner as runner
     from hf_spec.bench import Method, run_bench
-    from hf_spec.prompts import load_questions
+    from hf_spec.prompts import chat_inputs, load_questions
 
     from .conftest import tiny_llama
 
@@ -478,6 +478,13 @@ def test_questions_past_the_targets_context_are_refused_before_any_run(tokenizer
     target.config.max_position_embeddings = 64  # a summarization prompt is several hundred tokens
     questions = load_questions(categories=["summarization"], per_category=1)
     monkeypatch.setattr(runner, "make_drafter", lambda *a, **k: pytest.fail("a drafter was made"))
-    with pytest.raises(ValueError, match=r"Question \d+ \(summarization\) is too long: .* 64 positions"):
+    with pytest.raises(ValueError, match=r"1 question of 1 reach past the context of the model, 64 positions, .*: "
+                                         r"\d+ \(summarization\); leave their categories out"):
         run_bench(target, tokenizer, [Method("baseline", "baseline"), Method("ngram", "hf-spec", 3, "ngram")],
                   questions, max_new_tokens=8, progress=False)
+    # all fit but for the new tokens: the most that fits every question, from the longest (not one retry each)
+    questions = load_questions(categories=["writing", "coding"], per_category=2)
+    longest = max(chat_inputs(tokenizer, q.text)["input_ids"].shape[1] for q in questions)
+    target.config.max_position_embeddings = longest + 4
+    with pytest.raises(ValueError, match=rf"The longest question, .* and 8 new tokens exceed .* at most 4 new tokens"):
+        run_bench(target, tokenizer, [Method("baseline", "baseline")], questions, max_new_tokens=8, progress=False)

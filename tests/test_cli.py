@@ -710,6 +710,7 @@ def test_a_bench_without_a_draft_model_reports_no_draft_dtype():
     # --draft is hf-assisted's draft: without it the flag was silently ignored; --tree of chain drafters too
     with pytest.raises(ValueError, match="--draft smollm2-135m names the draft model of hf-assisted"):
         parse_methods("draft:smollm2-135m", [3], draft_name="smollm2-135m")
+    assert len(parse_methods("draft:smollm2-135m", [3], draft_name="")) == 2  # --draft "": none
     with pytest.raises(ValueError, match="--tree 3: no method of --methods drafts trees"):
         parse_methods("ngram,hf-prompt-lookup", [3], trees=[3])
 

@@ -356,3 +356,13 @@ def test_a_local_folder_without_a_config_or_tokenizer_is_told_before_its_weights
     tiny_llama().save_pretrained(bare)
     with pytest.raises(ValueError, match=r"has no tokenizer .*tokenizer.save_pretrained"):
         hf_spec.load(str(bare))
+    (bare / "vocab.txt").write_text("[PAD]\n")  # a WordPiece tokenizer's only file (BERT as a decoder): one
+
+    class PastTheChecks(Exception):
+        pass
+
+    def tokenizer_loads(*args, **kwargs):
+        raise PastTheChecks
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer_loads)
+    with pytest.raises(PastTheChecks):
+        hf_spec.load(str(bare))

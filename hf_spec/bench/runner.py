@@ -31,7 +31,7 @@ from ..drafters.suffix import SuffixDrafter
 from ..events import StepEvent
 from ..loop import generate as spec_generate
 from ..metrics import SpecStats
-from ..prompts import Question, chat_inputs, check_context
+from ..prompts import Question, chat_inputs, check_context, counted, model_context
 
 __all__ = ["Method", "parse_methods", "run_bench", "PEERS"]
 
@@ -96,6 +96,7 @@ def parse_methods(spec: str, ks: list, draft_name: str | None = None, trees: lis
     if any(k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
         raise ValueError(f"k must be an integer >= 1 or auto, got {ks}")
     drafts = [n.split(":", 1)[1] for n in names if n.startswith("draft:")]
+    draft_name = draft_name or None  # --draft "": none
     if flags_used and draft_name is not None and not any(n.startswith("hf-assisted") for n in names):
         raise ValueError(f"--draft {draft_name} names the draft model of hf-assisted, which --methods does not "
                          "run: add hf-assisted to --methods, or drop --draft (hf-spec's draft model is draft:NAME)")
@@ -340,9 +341,18 @@ def check_questions_fit(target, tokenizer, questions: list[Question], max_new_to
     Raises:
         ValueError: naming the first such question, by how much, and what fits.
     """
-    for q in questions:
-        check_context(target, chat_inputs(tokenizer, q.text)["input_ids"].shape[1], max_new_tokens,
-                      what=f"Question {q.question_id} ({q.category})")
+    context = model_context(target)
+    if context is None:
+        return
+    lengths = [(chat_inputs(tokenizer, q.text)["input_ids"].shape[1], q) for q in questions]
+    too_long = [q for n, q in lengths if n >= context]
+    if too_long:  # every one named at once: a retry per question is no way to find them
+        names = ", ".join(f"{q.question_id} ({q.category})" for q in too_long[:6]) + (", ..." if len(too_long) > 6 else "")
+        raise ValueError(f"{counted(len(too_long), 'question')} of {len(questions)} reach past the context of the "
+                         f"model, {context} positions, as it reads them: {names}; leave their categories out "
+                         "(--categories) or give --questions of your own")
+    longest, q = max(lengths, key=lambda item: item[0])
+    check_context(target, longest, max_new_tokens, what=f"The longest question, {q.question_id} ({q.category}),")
 
 
 def run_bench(

@@ -215,7 +215,7 @@ def check_heads_folder(directory: str | os.PathLike) -> None:
     config = path / "config.json"
     if config.is_file():
         try:
-            raw = json.loads(config.read_text())
+            raw = json.loads(config.read_text(encoding="utf-8-sig"))
         except (OSError, ValueError):
             raw = None
         if not isinstance(raw, dict) or not (raw.get("model_type") == "medusa" or "medusa_num_heads" in raw):
@@ -223,7 +223,7 @@ def check_heads_folder(directory: str | os.PathLike) -> None:
             raise ValueError(f"{path} holds another model ({'model_type ' + repr(kind) if kind else 'a config.json'} "
                              "that is not Medusa heads'): heads written there would replace its config.json and "
                              "weights; give the heads a folder of their own (new or empty)")
-    elif any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+    elif any(p.name not in (WEIGHTS_SAFETENSORS, WEIGHTS_PT) for p in (*path.glob("*.safetensors"), *path.glob("*.bin"))):
         raise ValueError(f"{path} holds weights without a Medusa config.json: heads written there would mix with them; "
                          "give the heads a folder of their own (new or empty)")
 

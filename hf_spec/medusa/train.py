@@ -464,7 +464,7 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
     if checkpoint is not None and checkpoint.exists():
         state = _read_checkpoint(checkpoint)
         _check_settings(checkpoint, state, settings)
-        if state.get("key") != key:
+        if state.get("key") not in (key, _settings_hash(settings, heads, legacy=True)):
             raise ValueError(f"{checkpoint} was written with other settings (or for another target's sizes); use "
                              "another --out or delete it")
         heads.heads.load_state_dict(state["heads"])
@@ -512,9 +512,11 @@ def train_heads(heads: MedusaHeads, feats: Features, train_texts: set[int], sett
 
 
 def _trained_settings(settings: TrainSettings) -> dict:
-    """The settings that shape the training (all but ``truncated_vocab_size``, chosen after training)."""
+    """The settings that shape the training: all but ``truncated_vocab_size`` (chosen after training) and
+    ``checkpoint_every`` (how often it is saved; a resume may change it)."""
     trained = asdict(settings)
     trained.pop("truncated_vocab_size")
+    trained.pop("checkpoint_every")
     return trained
 
 
@@ -556,8 +558,12 @@ def check_checkpoint(out_dir: str | os.PathLike, settings: TrainSettings) -> Non
         _check_settings(path, _read_checkpoint(path), settings)
 
 
-def _settings_hash(settings: TrainSettings, heads: MedusaHeads) -> str:
+def _settings_hash(settings: TrainSettings, heads: MedusaHeads, legacy: bool = False) -> str:
+    """The checkpoint's key; ``legacy``: as checkpoints written before 2026-12-06 keyed it (``checkpoint_every``
+    in), so that they still resume."""
     trained = _trained_settings(settings)
+    if legacy:
+        trained["checkpoint_every"] = settings.checkpoint_every
     config = heads.config.to_json()
     config.pop("truncated_vocab_size", None)
     blob = json.dumps({"settings": trained, "heads": config}, sort_keys=True)
