@@ -168,6 +168,8 @@ def test_load_maps_cpu_to_from_pretrained_default(monkeypatch, tmp_path):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
                         lambda path, **kw: seen.append(kw["device_map"]) or Fake())
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    for name in ("config.json", "tokenizer.json"):  # what load checks a local folder for
+        (tmp_path / name).write_text("{}")
     for device_map in ("cpu", torch.device("cpu"), None, "auto", "cuda:0"):
         models.load(str(tmp_path), device_map=device_map)
     assert seen == [None, None, None, "auto", "cuda:0"]

@@ -144,7 +144,8 @@ def test_bad_quantization_requests(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 64}
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="already quantized \\(awq\\).*without quantization='nf4'"):
+    with pytest.raises(ValueError, match="already quantized \\(awq\\); load it as it is \\(no --quantization / "
+                                         "quantization='nf4'"):
         hf_spec.load(str(folder), quantization="nf4")
 
 
