@@ -34,9 +34,8 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
         per_category: keep the first N of each category.
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: a folder or a file that is not UTF-8 text (a byte-order mark is fine); a line that is not a JSON
-            object, has neither ``turns`` (a list) nor ``prompt``, or whose
+        ValueError: no such file, a folder or a file that is not UTF-8 text (:func:`read_text_file`); a line that is
+            not a JSON object, has neither ``turns`` (a list) nor ``prompt``, or whose
             prompt is not a string, is empty or holds a lone surrogate; a category in ``categories`` that the file does not have.
     """
     from .drafters.suffix import lone_surrogate
@@ -45,15 +44,8 @@ def load_questions(path: str | Path | None = None, categories=None, per_category
     wanted = set(categories) if categories else None
     counts: dict[str, int] = {}
     out: list[Question] = []
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; give a .jsonl file (one JSON object with 'prompt' or 'turns' a line)")
-    if not path.exists():
-        raise FileNotFoundError(f"no such file: {path}")
-    try:
-        # -sig: a byte-order mark some editors write; split at newlines only (JSON strings may hold U+2028)
-        lines = path.read_text(encoding="utf-8-sig").split("\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
+    # lines end at "\n" only: JSON strings may hold U+2028, at which str.splitlines() splits
+    lines = read_text_file(path, str(path), "a .jsonl file (one JSON object with 'prompt' or 'turns' a line)").split("\n")
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -186,26 +178,29 @@ def check_context(model, prompt_tokens: int, max_new_tokens: int, what: str = "P
                          f"context of the model, {context} positions; shorten the prompt.")
 
 
-def read_text_file(path: str | Path, what: str) -> str:
-    """The text of a UTF-8 file a command was given (a byte-order mark dropped), with errors that name it.
+def read_text_file(path: str | Path, what: str, give: str = "a text file") -> str:
+    """The text of a UTF-8 file a command was given (a byte-order mark dropped), read once (a pipe, ``<(command)``,
+    exists and reads like a file), with errors that name it: the one reader of prompt files, question files,
+    corpora, training and calibration texts.
 
     Args:
         path: the file.
         what: how messages name it, e.g. ``"--data notes.txt"``.
+        give: what a folder or missing file should have been, for the message.
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: a folder, or not UTF-8 text (the byte where it stops being).
+        ValueError: no such file, a folder, or not UTF-8 text (the byte where it stops being).
+        OSError: a file that cannot be read (permissions, a device), named.
     """
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} is a folder; give a text file")
-    if not path.exists():
-        raise FileNotFoundError(f"{what}: no such file")
+    if path.is_dir() or not path.exists():
+        raise ValueError(f"{what} is a folder; give {give}" if path.is_dir() else f"{what}: no such file; give {give}")
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{what} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
+    except OSError as e:  # unreadable: the file named, not a bare errno
+        raise OSError(f"{what}: cannot read it ({e.strerror or e})") from e
 
 
 def counted(n: int, noun: str) -> str:

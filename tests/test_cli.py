@@ -630,7 +630,7 @@ def test_prompt_file_reads_standard_input_and_pipes(monkeypatch, tmp_path):
     finally:
         os.close(read)
 
-    with pytest.raises(ValueError, match="no such prompt file"):
+    with pytest.raises(ValueError, match="--prompt-file .*missing.txt: no such file"):
         _read_prompts(_prompt_args(str(tmp_path / "missing.txt")))
     with pytest.raises(ValueError, match="is a folder"):
         _read_prompts(_prompt_args(str(tmp_path)))

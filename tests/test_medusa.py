@@ -95,7 +95,8 @@ def test_heads_are_never_written_over_another_model(tmp_path, capsys, monkeypatc
     own = tmp_path / "heads"
     heads.save_pretrained(own)
     config = own / "config.json"
-    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())  # a byte-order mark (an editor's): still heads
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())  # a byte-order mark (an editor's): still heads,
+    assert MedusaHeads.from_pretrained(own).config == heads.config  # read as heads too (one reader of config.json)
     heads.save_pretrained(own)  # its own folder: written again
     assert sorted(p.name for p in own.iterdir()) == ["config.json", "model.safetensors"]
 

@@ -190,20 +190,13 @@ def read_corpus(paths) -> list[str] | None:
     if not paths:
         return None
     from ..drafters.suffix import lone_surrogate
+    from ..prompts import read_text_file
 
     texts = []
     for name in paths:
         path = Path(name)
-        if not path.exists() or path.is_dir():
-            raise ValueError(f"--corpus {path}: {'a folder' if path.is_dir() else 'no such file'}; give text files "
-                             "or .jsonl files of {\"text\": ...} lines")
         jsonl = path.suffix.lower() == ".jsonl"
-        try:
-            content = path.read_text(encoding="utf-8-sig" if jsonl else "utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"--corpus {path} is not UTF-8 text") from None
-        except OSError as e:  # unreadable (permissions, a device): the file named, not a bare errno
-            raise OSError(f"--corpus {path}: cannot read it ({e.strerror or e})") from e
+        content = read_text_file(path, f"--corpus {path}", "text files or .jsonl files of {\"text\": ...} lines")
         if not content.strip():
             raise ValueError(f"--corpus {path} is empty: give files with text to draft from, or drop it")
         if not jsonl:
@@ -238,11 +231,11 @@ def _read_prompts(args) -> list[str]:
         if not text.strip():
             raise ValueError("empty prompt on standard input (--prompt-file -)")
         return [_check_text(text, "standard input (--prompt-file -)")]
+    from ..prompts import read_text_file
+
     path = Path(args.prompt_file)
-    if not path.exists():  # a pipe (<(command), /dev/fd/N) or a FIFO exists too, and is read like a file
-        raise ValueError(f"no such prompt file: {path}")
-    if path.is_dir():
-        raise ValueError(f"--prompt-file {path} is a folder; give a text or .jsonl file, or - for standard input")
+    if path.is_dir() or not path.exists():  # a pipe (<(command), /dev/fd/N) or a FIFO exists too: read like a file
+        read_text_file(path, f"--prompt-file {path}", "a text or .jsonl file, or - for standard input")  # says why
     if path.suffix.lower() == ".jsonl":  # as --corpus reads it: UP.JSONL is JSON lines too
         from ..prompts import load_questions
 
@@ -250,11 +243,7 @@ def _read_prompts(args) -> list[str]:
         if not prompts:
             raise ValueError(f"no prompts in {path}: expected one JSON object with 'prompt' or 'turns' per line")
         return prompts
-    try:
-        text = path.read_text(encoding="utf-8")  # read once: a pipe cannot be read again
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--prompt-file {path} is not UTF-8 text (byte {e.start}); convert it, e.g. iconv -t UTF-8") \
-            from None
+    text = read_text_file(path, f"--prompt-file {path}")  # read once: a pipe cannot be read again
     if not text.strip():
         raise ValueError(f"empty prompt file: {path}")
     return [text]

@@ -425,18 +425,26 @@ def _walk(parts: list[tuple[SuffixArray, int, int, int]], match_length: int, max
     return Proposal(tokens, probs, match_length if tokens else 0, origin=origin)
 
 
+#: :class:`SuffixArrayLevels` merges a new level into the next older one while that one holds at most this many
+#: times its tokens
+MERGE_FACTOR = 4
+
+
 class _Level(NamedTuple):
-    """One level of :class:`SuffixArrayLevels`: its suffix array, the documents it keeps (oldest first) and their
-    largest token id."""
+    """One level of :class:`SuffixArrayLevels`: its suffix array, the documents it keeps (oldest first), their
+    tokens and their largest token id."""
 
     array: SuffixArray
     docs: tuple
+    tokens: int
     max_id: int
 
 
-def _level(docs) -> _Level:
+def _level(docs, array: SuffixArray | None = None) -> _Level:
+    """A level of ``docs``, over ``array`` (a suffix array that counts just them) or a new one."""
     docs = tuple(docs)
-    return _Level(SuffixArray(docs), docs, max(int(d.max()) for d in docs))
+    return _Level(SuffixArray(docs) if array is None else array, docs, sum(len(d) for d in docs),
+                  max(int(d.max()) for d in docs))
 
 
 class SuffixArrayLevels:
@@ -472,7 +480,7 @@ class SuffixArrayLevels:
     @property
     def num_tokens(self) -> int:
         """The tokens kept."""
-        return sum(len(d) for level in self.levels for d in level.docs)
+        return sum(level.tokens for level in self.levels)
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -506,29 +514,27 @@ class SuffixArrayLevels:
             return
         with self._lock:
             levels = self.levels + [_level(new)]
-            size = lambda level: sum(len(d) for d in level.docs)
-            while len(levels) > 1 and size(levels[-2]) <= MERGE_FACTOR * size(levels[-1]):
+            while len(levels) > 1 and levels[-2].tokens <= MERGE_FACTOR * levels[-1].tokens:
                 levels[-2:] = [_level(levels[-2].docs + levels[-1].docs)]
-            excess = sum(size(level) for level in levels) - self.max_tokens
+            excess = sum(level.tokens for level in levels) - self.max_tokens
             while excess > 0:  # drop the oldest documents: all in the oldest level
-                array, docs, _ = levels[0]
-                drop = 0
-                while excess > 0:
-                    excess -= len(docs[drop])
-                    drop += 1
-                    if drop == len(docs):
-                        break
-                if drop == len(docs):
+                oldest = levels[0]
+                if oldest.tokens <= excess:
+                    excess -= oldest.tokens
                     del levels[0]
                     continue
-                gone = sum(len(d) + 1 for d in docs[:drop])  # the documents and their separators
-                kept = docs[drop:]
-                if array.start + gone > len(array.text) - array.start - gone:  # more dropped than kept: rebuild
-                    levels[0] = _level(kept)
+                drop = 0
+                while excess > 0:
+                    excess -= len(oldest.docs[drop])
+                    drop += 1
+                gone = sum(len(d) + 1 for d in oldest.docs[:drop])  # the documents and their separators
+                start = oldest.array.start + gone
+                if start > len(oldest.array.text) - start:  # more dropped than kept: rebuild it
+                    levels[0] = _level(oldest.docs[drop:])
                 else:  # the same sorted suffixes, counted from the first kept document on
-                    shifted = copy.copy(array)
-                    shifted.start = array.start + gone
-                    levels[0] = _Level(shifted, kept, max(int(d.max()) for d in kept))
+                    shifted = copy.copy(oldest.array)
+                    shifted.start = start
+                    levels[0] = _level(oldest.docs[drop:], shifted)
             self.levels = levels
 
     def match_of(self, context, min_match: int = 1, max_match: int = 32) -> tuple[int, tuple]:
@@ -555,11 +561,6 @@ class SuffixArrayLevels:
         """As :meth:`SuffixArray.continuation`, over every level that holds the match (``parts``, from
         :meth:`match_of`)."""
         return _walk(list(parts), match_length, max_tokens, min_prob, most_recent, origin)
-
-
-#: :class:`SuffixArrayLevels` merges a new level into the next older one while that one holds at most this many
-#: times its tokens
-MERGE_FACTOR = 4
 
 
 def _suffix_array(text: np.ndarray) -> np.ndarray:

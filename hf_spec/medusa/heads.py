@@ -212,11 +212,10 @@ def check_heads_folder(directory: str | os.PathLike) -> None:
     path = Path(directory)
     if not path.is_dir():
         return
-    config = path / "config.json"
-    if config.is_file():
+    if (path / "config.json").is_file():
         try:
-            raw = json.loads(config.read_text(encoding="utf-8-sig"))
-        except (OSError, ValueError):
+            raw = _read_config(path)
+        except MedusaCheckpointError:  # not JSON, or not an object: no Medusa config either
             raw = None
         if not isinstance(raw, dict) or not (raw.get("model_type") == "medusa" or "medusa_num_heads" in raw):
             kind = raw.get("model_type") if isinstance(raw, dict) else None
@@ -625,7 +624,7 @@ def _read_config(path: Path) -> dict:
     if not file.exists():
         raise MedusaCheckpointError(f"{path} has no config.json (num_heads, num_hidden_layers)")
     try:
-        raw = json.loads(file.read_text())
+        raw = json.loads(file.read_text(encoding="utf-8-sig"))  # -sig: a byte-order mark an editor may write
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MedusaCheckpointError(f"{file} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
