@@ -66,8 +66,22 @@ def calibration_texts(source: str = "stdlib", num_texts: int = 128, max_chars: i
     return texts
 
 
-def _check_group_size(config: dict, group_size: int) -> None:
-    sizes = {k: config[k] for k in ("hidden_size", "intermediate_size") if k in config}
+def _check_sizes(config: dict, group_size: int) -> None:
+    """Refuse, before any calibration runs, a model that gptqmodel's AWQ would fail on part-way: a group size that
+    does not divide the input widths, or an output width that is not a multiple of 64 (its clipping search takes
+    the rows of every linear layer but the query and key projections in batches of 64 or 256, and asserts)."""
+    config = config.get("text_config", config)
+    sizes = {k: config[k] for k in ("hidden_size", "intermediate_size") if isinstance(config.get(k), int)}
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    head_dim = config.get("head_dim") or (sizes.get("hidden_size", 0) // heads if heads else None)
+    widths = dict(sizes)
+    if isinstance(head_dim, int) and isinstance(kv_heads or heads, int):
+        widths["value width (num_key_value_heads x head_dim)"] = (kv_heads or heads) * head_dim
+    narrow = {k: v for k, v in widths.items() if v % 64}
+    if narrow:
+        text = ", ".join(f"{k} {v}" for k, v in narrow.items())
+        raise ValueError(f"AWQ (gptqmodel) needs every layer's output width to be a multiple of 64, and this model's "
+                         f"{text} is not; such a model cannot be quantized with --method awq")
     bad = {k: v for k, v in sizes.items() if v % group_size}
     if bad:
         fits = [g for g in (128, 64, 32) if all(v % g == 0 for v in sizes.values())]
@@ -100,7 +114,8 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     Raises:
         ImportError: gptqmodel is not installed.
         FileExistsError: ``out`` exists.
-        ValueError: bits other than 4, a group size that does not divide the model's sizes, max_chars < 64, too
+        ValueError: bits other than 4, a group size that does not divide the model's sizes, an output width that
+            is not a multiple of 64 (see :func:`_check_sizes`), max_chars < 64, too
             few texts (under 8).
     """
     from .models import building, provision, resolve_name
@@ -122,7 +137,7 @@ def quantize_awq(target: str, out: str | Path, *, bits: int = 4, group_size: int
     already = quantization_method(path)
     if already is not None:
         raise ValueError(f"{target} is already quantized ({already})")
-    _check_group_size(json.loads((path / "config.json").read_text()), group_size)
+    _check_sizes(json.loads((path / "config.json").read_text()), group_size)
     texts = calibration_texts(calibration, num_texts, max_chars)
     if importlib.util.find_spec("gptqmodel") is None:
         raise ImportError("AWQ quantization needs gptqmodel: pip install 'hf-spec[quantization]' (gptqmodel 7.6)")

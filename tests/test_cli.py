@@ -278,6 +278,25 @@ def test_quantize_bad_input(tmp_path, args, msg):
     assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
+@pytest.mark.parametrize("config,msg", [
+    ({"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 1,
+      "head_dim": 32}, "value width (num_key_value_heads x head_dim) 32 is not"),  # gptqmodel asserted part-way
+    ({"text_config": {"hidden_size": 96, "intermediate_size": 256, "num_attention_heads": 3}}, "hidden_size 96"),
+    ({"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3}, None),
+])
+def test_quantize_refuses_widths_awq_cannot_take(config, msg):
+    """AWQ's clipping search takes output rows in batches of 64: a narrower width is refused before calibration
+    (a tiny model with one 32-wide key/value head had ended in gptqmodel's AssertionError); SmolLM2's pass."""
+    from hf_spec.quantize import _check_sizes
+
+    if msg is None:
+        _check_sizes(config, 64)
+    else:
+        with pytest.raises(ValueError, match="multiple of 64") as error:
+            _check_sizes(config, 32)
+        assert msg in str(error.value)
+
+
 @slow
 def test_generate_with_an_nf4_target():
     r = run("generate", "--target", "smollm2-135m", "--quantization", "nf4", "--drafter", "ngram", "-k", "3",
