@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -169,15 +170,27 @@ class _Timer(BaseStreamer):
         pass
 
 
+def _assistant_call_warning(record: logging.LogRecord) -> bool:
+    """False (drop) for the deprecation warning transformers logs about its own call of the assistant's
+    ``generate`` (a ``generation_config`` with ``min_new_tokens``/``max_new_tokens``): nothing a bench user can
+    change. Installed only around that call."""
+    return not record.getMessage().startswith("Passing `generation_config` together with generation-related")
+
+
 @contextlib.contextmanager
 def _count_hf_drafts(record: list[int]):
     """Record the number of tokens each transformers candidate generator drafts (observation only)."""
     classes = [hf_candidates.AssistedCandidateGenerator, hf_candidates.PromptLookupCandidateGenerator]
     originals = {c: c.__dict__["get_candidates"] for c in classes}
+    generation_logger = logging.getLogger("transformers.generation.utils")
 
     def wrap(original):
         def get_candidates(self, input_ids, *args, **kwargs):
-            out = original(self, input_ids, *args, **kwargs)
+            generation_logger.addFilter(_assistant_call_warning)
+            try:
+                out = original(self, input_ids, *args, **kwargs)
+            finally:
+                generation_logger.removeFilter(_assistant_call_warning)
             record.append(int(out[0].shape[1] - input_ids.shape[1]))
             return out
         return get_candidates
