@@ -23,7 +23,7 @@ from transformers import GenerationConfig, StoppingCriteriaList, StopStringCrite
 from .drafters.base import Drafter, check_drafter_type, check_num_speculative_tokens
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
-from .loop import ASSISTED_SETTINGS, ending_streamer
+from .loop import ASSISTED_SETTINGS, ending_streamer, unread_model_inputs
 from .loop import generate as spec_generate
 
 __all__ = ["enable_drafters", "disable_drafters", "drafter_for"]
@@ -54,8 +54,10 @@ def enable_drafters(model):
     ``assistant_confidence_threshold`` also from the draft's own generation config, where transformers 5 reads
     them (the call's win over the draft's, the draft's over the target model's).
     A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), a draft model with
-    ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), and
-    every call without an assistant, go to transformers' own ``generate`` unchanged.
+    ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), a call
+    with model inputs hf-spec's loop does not feed the target (``pixel_values`` and the other inputs of multimodal
+    models: :func:`hf_spec.loop.unread_model_inputs`), and every call without an assistant, go to transformers' own
+    ``generate`` unchanged.
 
     The call returns what ``generate`` returns: the sequences tensor, or with ``return_dict_in_generate=True``
     a :class:`hf_spec.loop.SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput``: ``sequences``,
@@ -112,6 +114,12 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
                          "logits inside transformers' own assisted generation; it runs with assistant_model=<a model> "
                          "and no prompt lookup, while hf-spec's drafters verify losslessly: drop "
                          "assistant_ensemble_weight, or pass a draft model as assistant_model")
+    if (assistant is not None or lookup is not None) and not isinstance(assistant, Drafter) and unread_model_inputs(
+            {k: v for k, v in kwargs.items() if k in inspect.signature(model.forward).parameters}):
+        # images, audio, ...: inputs hf-spec's loop does not feed the target; transformers' own loop hands them on
+        logger.info("hf_spec: this call passes model inputs hf-spec's loop does not read; transformers' own assisted "
+                    "generation runs it")
+        return None
     if assistant is not None and lookup is not None:  # transformers then runs prompt lookup
         logger.warning("hf_spec: both assistant_model and prompt_lookup_num_tokens=%s are set; as transformers' "
                        "generate, the call runs prompt lookup (n-gram) and does not use the assistant", lookup)

@@ -127,7 +127,9 @@ def generate(
             DoLa, constrained beam search) or ``num_return_sequences`` > 1 outside ``generate`` (which repeats the
             prompts for it); transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
-            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``; an empty prompt or all-padding row, a
+            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``, or model inputs the loop does not feed the
+            target (images and other multimodal inputs: :func:`unread_model_inputs`; ``token_type_ids`` are fed, each
+            new token taking its row's last prompt type as ``generate`` extends them); an empty prompt or all-padding row, a
             right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
             streamer with batch size > 1; or a cache that cannot be cropped; a draft tree on a model that cannot
             place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
@@ -169,6 +171,13 @@ def generate(
         raise ValueError(
             "inputs_embeds is not supported: the drafter and the verify forwards work on token ids; pass input_ids "
             "(the tokenized prompt) instead")
+    if unread := unread_model_inputs(model_kwargs):
+        raise ValueError(
+            f"hf-spec's loop feeds the target token ids (with their attention_mask and token_type_ids) and would drop "
+            f"{', '.join(unread)}, which changes what the target computes (images, audio and other inputs the model "
+            "merges in its forward): decode such a call with plain generate, or call hf_spec.enable_drafters(model) "
+            "and pass assistant_model=<a draft model> or prompt_lookup_num_tokens= without custom_generate (it hands such a call to "
+            "transformers' own assisted generation)")
     if streamer is None and caller is not None:
         streamer = caller.get("streamer")
     with ending_streamer(streamer), ending_streamer(spec_streamer):
@@ -200,10 +209,28 @@ def generate(
         num_speculative_tokens=num_speculative_tokens,
         num_tree_nodes=num_tree_nodes,
         cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before transformers 5.24
+        token_type_ids=model_kwargs.get("token_type_ids"),
         streamer=streamer,
         event_listeners=event_listeners,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
+
+
+#: the model inputs ``generate`` hands a ``custom_generate`` callable that this loop reads or may leave: the loop
+#: builds each forward's ``position_ids`` and ``logits_to_keep`` itself, as plain decoding does from the mask
+READ_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "cache", "past_key_values", "use_cache",
+                     "position_ids", "logits_to_keep", "output_attentions", "output_hidden_states", "cache_position")
+
+
+def unread_model_inputs(model_kwargs: dict) -> list[str]:
+    """The names of the model inputs in ``model_kwargs`` (given, not ``None``) that this loop does not feed the
+    target (``pixel_values``, ``input_features``, ``image_grid_thw``, ...: a multimodal model merges them in its
+    forward), sorted; ``inputs_embeds`` is refused on its own. An empty dict is none given: ``generate`` hands a
+    multimodal model's text-only call ``mm_encoder_outputs={}``."""
+    def given(value) -> bool:
+        return value is not None and not (isinstance(value, dict) and all(v is None for v in value.values()))
+
+    return sorted(k for k, v in model_kwargs.items() if given(v) and k not in READ_MODEL_INPUTS + ("inputs_embeds",))
 
 
 def _calling_generate() -> dict | None:
@@ -435,6 +462,7 @@ def _speculative_decode(
     num_speculative_tokens: int | str | AdaptiveK | None = None,
     num_tree_nodes: int | str | TreeSize | None = None,
     cache: DynamicCache | None = None,
+    token_type_ids: torch.LongTensor | None = None,
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     generator: torch.Generator | None = None,
@@ -469,6 +497,12 @@ def _speculative_decode(
     device = model.device
     input_ids = input_ids.to(device, torch.long)  # generate's output is int64 whatever the prompt's integer dtype
     pad_len = _left_padding(attention_mask, input_ids)
+    # token types as generate extends them: each new token takes its row's last prompt type (GPT-2 and BERT-style
+    # embeddings read them at every position; a multimodal processor's all-text zeros change nothing)
+    if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+        raise ValueError(f"token_type_ids {tuple(token_type_ids.shape)} must have input_ids' shape "
+                         f"{tuple(input_ids.shape)}")
+    types_of_new = token_type_ids[:, -1].to(device) if token_type_ids is not None else None
     do_sample = bool(generation_config.do_sample)
     max_length = generation_config.max_length
     vocab_size = logit_rows(model)
@@ -516,6 +550,8 @@ def _speculative_decode(
         (``width`` > 1) the drafter's rows projected in it (``[B, width, head_rows, V]``, or None) from the last
         ``width`` positions' hidden states. Plain steps, like the prefill, keep plain decoding's one-row product (a
         plain step of ``"auto"`` costs what plain decoding does); the drafter projects its rows itself after them."""
+        if types_of_new is not None:
+            kwargs["token_type_ids"] = types_of_new[active][:, None].expand(-1, args[0].shape[1])
         if not head_rows or width < 2:
             out = ragged.forward(model, *args, **kwargs)
             return out, hidden_of(out), None
@@ -664,7 +700,8 @@ def _speculative_decode(
             "which does not offload, so the memory you chose to save would be spent; drop cache_implementation"
             + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
     out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
-                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs)
+                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs,
+                         **({} if token_type_ids is None else {"token_type_ids": token_type_ids.to(device)}))
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()

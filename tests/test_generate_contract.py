@@ -619,6 +619,64 @@ def test_inputs_the_loop_cannot_take_get_errors_that_name_them(tiny):
     assert streamer.ended and torch.equal(torch.cat(streamer.puts[1:]), out[0, PROMPT.shape[1]:])
 
 
+@pytest.mark.parametrize("num_tree_nodes", [None, 5])
+def test_token_type_ids_reach_every_forward_as_generate_extends_them(num_tree_nodes):
+    """GPT-2 adds a token-type embedding at every position; generate gives each new token its row's last prompt type.
+    The loop had dropped token_type_ids and decoded as if there were none (single rows and left-padded batches)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=None,
+                     pad_token_id=1)
+    target = GPT2LMHeadModel(cfg).eval()
+    draft = GPT2LMHeadModel(cfg).eval()
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * p.std() * torch.randn_like(p))
+    types = torch.stack([(torch.arange(8) >= 5).long(), torch.ones(8, dtype=torch.long), torch.zeros(8, dtype=torch.long)])
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=1)
+    for ids, mask, tt in ((PROMPT, torch.ones_like(PROMPT), torch.ones_like(PROMPT)), (BATCH, BATCH_MASK, types)):
+        plain = target.generate(ids, attention_mask=mask, token_type_ids=tt, **kw)
+        assert not torch.equal(plain, target.generate(ids, attention_mask=mask, **kw))  # the types matter here
+        for drafter in (hf_spec.DraftModelDrafter(draft), hf_spec.SuffixDrafter() if num_tree_nodes else hf_spec.NgramDrafter(2)):
+            spec = target.generate(ids, attention_mask=mask, token_type_ids=tt, custom_generate=hf_spec.generate,
+                                   drafter=drafter, num_speculative_tokens=3, num_tree_nodes=num_tree_nodes, **kw)
+            assert torch.equal(spec, plain), type(drafter).__name__
+
+
+def test_image_inputs_are_refused_by_the_loop_and_run_by_transformers_after_enable_drafters():
+    """A multimodal target merges its image in the forward; the loop feeds token ids only, so it had decoded as if
+    there were no image. custom_generate now refuses naming the input; enable_drafters hands the call to transformers'
+    own assisted generation, whose output is plain decoding's."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
+                                     layer_types=["sliding_attention", "full_attention"], bos_token_id=2,
+                                     eos_token_id=1, pad_token_id=0),
+        vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=63, boi_token_index=61, eoi_token_index=62)).eval()
+    ids = torch.tensor([[2, 61, 63, 63, 63, 63, 62, 5, 9, 5, 9, 7]])
+    image = dict(pixel_values=torch.randn(1, 3, 28, 28), token_type_ids=(ids == 63).long())
+    kw = dict(max_new_tokens=10, do_sample=False)
+    plain = model.generate(ids, **image, **kw)
+    assert not torch.equal(plain, model.generate(ids, **kw))  # the image matters here
+    with pytest.raises(ValueError, match="would drop .*plain generate"):
+        model.generate(ids, **image, **kw, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
+    enabled = hf_spec.enable_drafters(model)
+    try:
+        assert torch.equal(enabled.generate(ids, **image, **kw, prompt_lookup_num_tokens=3), plain)
+        # text only, as a multimodal processor gives it (token types all 0): hf-spec's loop, plain's tokens
+        text = dict(token_type_ids=torch.zeros_like(ids), **kw)
+        assert torch.equal(enabled.generate(ids, **text, prompt_lookup_num_tokens=3), model.generate(ids, **text))
+    finally:
+        hf_spec.disable_drafters(model)
+
+
 def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(tiny):
     """An encoder-decoder target (T5) through either entry point, drafter or none: an error naming it and plain
     generate, where the loop blamed a cache the caller never passed (EncoderDecoderCache); the same for such a
