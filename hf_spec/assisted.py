@@ -190,6 +190,10 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
 def generate(self, *args, **kwargs):
     """``generate`` of a model after :func:`enable_drafters`: hf-spec's loop for a call with an assistant (see
     there), transformers' own ``generate`` (of the model's class) for everything else."""
+    # a torch.compile'd model (OptimizedModule) has no generate of its own: its class hands the attribute on to the
+    # module it wraps, whose generate (as a plain call on the wrapper runs it) is the one to run
+    while not hasattr(type(self), "generate") and isinstance(getattr(self, "_orig_mod", None), torch.nn.Module):
+        self = self._orig_mod
     original = functools.partial(type(self).generate, self)
     if kwargs.get("custom_generate") is not None:  # the caller chose a decoding loop: theirs
         return original(*args, **kwargs)

@@ -249,6 +249,19 @@ def test_transformers_assisted_calls_run_on_hf_spec_after_enable(tiny, monkeypat
     assert hf_spec.disable_drafters(model) is model  # a second call changes nothing
 
 
+def test_enable_drafters_on_a_torch_compiled_model(tiny):
+    """A torch.compile'd model (an OptimizedModule, whose class has no generate) had failed every call after
+    enable_drafters with an AttributeError; now its assisted calls run hf-spec's loop and the rest transformers'."""
+    target, draft = tiny
+    compiled = hf_spec.enable_drafters(torch.compile(pickle.loads(pickle.dumps(target))))
+    kw = dict(max_new_tokens=12, do_sample=False)
+    plain = target.generate(PROMPT, **kw)
+    out = compiled.generate(PROMPT, assistant_model=draft, return_dict_in_generate=True, **kw)
+    assert torch.equal(out.sequences, plain) and out.stats is not None  # hf-spec's loop: its statistics
+    assert torch.equal(compiled.generate(PROMPT, **kw), plain)
+    assert torch.equal(hf_spec.disable_drafters(compiled).generate(PROMPT, prompt_lookup_num_tokens=2, **kw), plain)
+
+
 def test_the_assistants_own_generation_config_sets_k_and_the_confidence_stop(tiny, monkeypatch):
     """transformers 5 reads num_assistant_tokens and assistant_confidence_threshold from the assistant model's own
     generation config; enable_drafters ignored it there (a break-it tester's calls drafted 6 where the draft's config
