@@ -54,10 +54,10 @@ def enable_drafters(model):
     ``assistant_confidence_threshold`` also from the draft's own generation config, where transformers 5 reads
     them (the call's win over the draft's, the draft's over the target model's).
     A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), a draft model with
-    ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), a call
-    with model inputs hf-spec's loop does not feed the target (``pixel_values`` and the other inputs of multimodal
-    models: :func:`hf_spec.loop.unread_model_inputs`), and every call without an assistant, go to transformers' own
-    ``generate`` unchanged.
+    ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), an
+    encoder-decoder target (T5, BART) with prompt lookup or an encoder-decoder assistant, a call with model inputs hf-spec's loop does not feed the target
+    (``pixel_values`` and the other inputs of multimodal models: :func:`hf_spec.loop.unread_model_inputs`), and every
+    call without an assistant, go to transformers' own ``generate`` unchanged.
 
     The call returns what ``generate`` returns: the sequences tensor, or with ``return_dict_in_generate=True``
     a :class:`hf_spec.loop.SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput``: ``sequences``,
@@ -114,11 +114,15 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
                          "logits inside transformers' own assisted generation; it runs with assistant_model=<a model> "
                          "and no prompt lookup, while hf-spec's drafters verify losslessly: drop "
                          "assistant_ensemble_weight, or pass a draft model as assistant_model")
-    if (assistant is not None or lookup is not None) and not isinstance(assistant, Drafter) and unread_model_inputs(
-            {k: v for k, v in kwargs.items() if k in inspect.signature(model.forward).parameters}):
-        # images, audio, ...: inputs hf-spec's loop does not feed the target; transformers' own loop hands them on
-        logger.info("hf_spec: this call passes model inputs hf-spec's loop does not read; transformers' own assisted "
-                    "generation runs it")
+    if (assistant is not None or lookup is not None) and not isinstance(assistant, Drafter) and (
+            (model.config.is_encoder_decoder and (assistant is None or assistant.config.is_encoder_decoder))
+            or unread_model_inputs(
+                {k: v for k, v in kwargs.items() if k in inspect.signature(model.forward).parameters})):
+        # an encoder-decoder target (T5, BART), or images, audio, ...: inputs hf-spec's loop does not feed the target;
+        # transformers' own assisted generation runs both
+        logger.info("hf_spec: transformers' own assisted generation runs this call (%s)",
+                    "an encoder-decoder target" if model.config.is_encoder_decoder else "model inputs hf-spec's loop "
+                    "does not read")
         return None
     if assistant is not None and lookup is not None:  # transformers then runs prompt lookup
         logger.warning("hf_spec: both assistant_model and prompt_lookup_num_tokens=%s are set; as transformers' "

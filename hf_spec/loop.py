@@ -171,7 +171,8 @@ def generate(
         raise ValueError(
             "inputs_embeds is not supported: the drafter and the verify forwards work on token ids; pass input_ids "
             "(the tokenized prompt) instead")
-    if unread := unread_model_inputs(model_kwargs):
+    # (an encoder-decoder target's encoder_outputs: refused below as such a target)
+    if not model.config.is_encoder_decoder and (unread := unread_model_inputs(model_kwargs)):
         raise ValueError(
             f"hf-spec's loop feeds the target token ids (with their attention_mask and token_type_ids) and would drop "
             f"{', '.join(unread)}, which changes what the target computes (images, audio and other inputs the model "

@@ -704,8 +704,14 @@ def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(t
     for drafter in (hf_spec.NgramDrafter(2), None):
         with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model.*plain model.generate"):
             t5.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=drafter)
-    with pytest.raises(ValueError, match="is an encoder-decoder model"):
+    with pytest.raises(ValueError, match="is an encoder-decoder model"):  # a decoder-only draft for it
         hf_spec.enable_drafters(t5).generate(PROMPT, assistant_model=draft, max_new_tokens=4)
+    # what transformers' own assisted generation runs for such a target, it runs after enable_drafters too
+    plain = hf_spec.disable_drafters(t5).generate(PROMPT, max_new_tokens=6, do_sample=False)
+    enabled = hf_spec.enable_drafters(t5)
+    for assisted in (dict(assistant_model=pickle.loads(pickle.dumps(t5))), dict(prompt_lookup_num_tokens=2)):
+        assert torch.equal(enabled.generate(PROMPT, max_new_tokens=6, do_sample=False, **assisted), plain)
+    hf_spec.disable_drafters(t5)
     with pytest.raises(ValueError, match="the draft T5ForConditionalGeneration is an encoder-decoder model"):
         hf_spec.DraftModelDrafter(t5)
     with pytest.raises(TypeError, match=r"make_drafter\('draft:smollm2-135m'"):
