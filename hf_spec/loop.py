@@ -1101,6 +1101,9 @@ def _left_padding(attention_mask: torch.Tensor | None, input_ids: torch.LongTens
     if bool((pads != left).any()):
         b = int((pads != left).nonzero()[0, 0])
         if bool(mask[b, -1] == 0):
+            if mask.shape[0] == 1:
+                raise ValueError("the prompt is right-padded (its attention_mask ends in 0): drop the trailing padding "
+                                 "tokens, or pad on the left: tokenizer.padding_side = 'left'")
             raise ValueError("the batch is right-padded; pad on the left: tokenizer.padding_side = 'left'")
         raise ValueError(f"row {b} of attention_mask masks tokens between its first and last token (a 0 after a 1): "
                          "hf-spec takes left padding only (zeros, then ones); drop the masked tokens from the row "

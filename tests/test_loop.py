@@ -219,8 +219,10 @@ def test_bad_batches_refused(tiny):
     ids = PROMPT.repeat(2, 1)
     right = torch.ones_like(ids)
     right[1, -2:] = 0
-    with pytest.raises(ValueError, match="padding_side = 'left'"):
+    with pytest.raises(ValueError, match="the batch is right-padded.*padding_side = 'left'"):
         _gen(target, hf_spec.NgramDrafter(2), input_ids=ids, attention_mask=right)
+    with pytest.raises(ValueError, match="the prompt is right-padded .*drop the trailing padding"):  # one row: no batch
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=ids[1:], attention_mask=right[1:])
     empty_row = torch.ones_like(ids)
     empty_row[1] = 0
     with pytest.raises(ValueError, match="empty prompt"):
