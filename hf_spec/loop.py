@@ -116,7 +116,8 @@ def generate(
         As ``generate``: the sequences ``LongTensor[B, L + new]``, or with ``return_dict_in_generate=True`` a
         :class:`SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` /
         ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
-        every token but the last, as ``generate`` leaves it; ``None`` for a batch and for sliding-window models,
+        every token but the last, as ``generate`` leaves it (a next call given it with the whole sequence as
+        ``input_ids`` continues from it, as ``generate`` does; so does one given a prefix cache a forward filled); ``None`` for a batch and for sliding-window models,
         whose cache passed in stays empty).
 
     Raises:
@@ -131,7 +132,8 @@ def generate(
             target (images and other multimodal inputs: :func:`unread_model_inputs`; ``token_type_ids`` are fed, each
             new token taking its row's last prompt type as ``generate`` extends them); an empty prompt or all-padding row, a
             right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
-            streamer with batch size > 1; or a cache that cannot be cropped; a draft tree on a model that cannot
+            streamer with batch size > 1; a cache that cannot be cropped, or a filled cache with a batch, a sliding-window
+            model, left padding, or as many tokens as ``input_ids`` (it must hold their first tokens); a draft tree on a model that cannot
             place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
             an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
             (:func:`~hf_spec.ragged.positions_from_slots`: MPT); a batch or a tree on a model whose layers window
@@ -362,10 +364,17 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
     if cache is not None:
         check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
-    if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError(
-            "continuing from a filled cache is not supported: pass the whole sequence as input_ids and no cache"
-        )
+    if cache is not None and (cached := cache.get_seq_length()) > 0:
+        # generate's own continuation (multi-turn prompt caching): the cache holds the prompt's first tokens
+        if input_ids.shape[0] > 1:
+            raise ValueError(
+                "continuing from a filled cache is supported for one sequence: a batch decodes in a per-row cache of "
+                "its own; pass the whole sequences as input_ids and no cache")
+        if cached >= input_ids.shape[1]:
+            raise ValueError(
+                f"the cache passed holds {cached} tokens and input_ids {input_ids.shape[1]}: continuing from a filled "
+                "cache needs the whole sequence as input_ids, the cache holding its first tokens (as the cache "
+                "generate returned, which holds every token but the last)")
 
 
 #: transformers' assisted-generation settings, which hf-spec's loop does not read (its drafter and
@@ -700,9 +709,22 @@ def _speculative_decode(
             f"cache_implementation='offloaded' (layers offloaded to the CPU between forwards): hf-spec decodes {own}, "
             "which does not offload, so the memory you chose to save would be spent; drop cache_implementation"
             + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
-    out = ragged.forward(model, input_ids, input_ids.new_ones(input_ids.shape, dtype=torch.bool)
-                         if attention_mask is None else attention_mask.to(device).bool(), **hidden_kwargs,
-                         **({} if token_type_ids is None else {"token_type_ids": token_type_ids.to(device)}))
+    # a cache that holds the prompt's first tokens (generate's continuation from a returned or prefilled cache): the
+    # prefill runs over the rest, as plain generate's does
+    cached = cache.get_seq_length() if cache is not None else 0
+    if cached:
+        if ragged.cache is not cache:
+            raise ValueError(
+                "continuing from a filled cache is not supported for a sliding-window model: hf-spec decodes it in a "
+                "cache of its own that keeps every slot (rejected drafts roll back past the window), which the "
+                "window layers of the cache passed do not; pass the whole sequence as input_ids and no cache")
+        if pad_len[0]:
+            raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
+                             "from input_ids and attention_mask")
+        ragged.continue_from(cached)
+    out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
+                         if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
+                         **({} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}))
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
@@ -711,7 +733,7 @@ def _speculative_decode(
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
     tell_drafter(0, hidden_of(out), none, none, 1, verify_time)
-    prefill_s_per_token = verify_time / input_ids.numel()  # prices a drafter's catch-up (catch_up_cost)
+    prefill_s_per_token = verify_time / input_ids[:, cached:].numel()  # prices a drafter's catch-up (catch_up_cost)
     put(emitted)
     method = session.method if session is not None else None  # the drafter's label in events and statistics
     emit(StepEvent(0, 0, [[] for _ in active], [0] * bsz, emitted, 0.0, verify_time,

@@ -297,6 +297,7 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
+        self._prompted = False  # whether a forward ran (the first is the prompt's, after any continue_from)
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
         self._packed: dict[int, bool] = {}  # block size -> packed attention (_packed_attention)
         # ALiBi models build their biases from a 2D mask (Bloom, Falcon with alibi=True: a 4D one fails there): the
@@ -313,6 +314,15 @@ class RaggedCache:
             self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in reference.layers]
             cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
         self.cache = cache
+
+    def continue_from(self, length: int) -> None:
+        """Take the ``length`` slots the wrapped cache already holds (one row, no holes: a prompt's first tokens,
+        as ``generate`` continues from a cache it returned or a prefix filled by a forward) as the row's first
+        tokens, so the next :meth:`forward` runs over the rest of the prompt at positions from ``length`` on."""
+        if self.valid.shape[1]:
+            raise RuntimeError("continue_from() comes before any forward")
+        self.valid = torch.ones(self.valid.shape[0], length, dtype=torch.bool, device=self.valid.device)
+        self.lengths = torch.full_like(self.lengths, length)
 
     def _masks(self, model, position_ids: torch.Tensor, within: torch.Tensor | None = None):
         """4D masks for the last ``n`` slots' queries, in the attention implementation's format: a tensor
@@ -390,8 +400,9 @@ class RaggedCache:
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         n, cached = block.shape[1], self.valid.shape[1] > 0
-        if not cached:  # a prompt: the attention choices are measured here, not inside a timed decoding step
+        if not self._prompted:  # a prompt: the attention choices are measured here, not inside a timed decoding step
             measure_attention_choices(model.config, model.dtype, self.valid.device)
+            self._prompted = True
         self.valid = torch.cat([self.valid, block_valid], dim=1)
         packed = cached and not self._mask_2d_only and self._packed_attention(model, n)
         if self.window is None and within is None and not packed and \

@@ -4,6 +4,7 @@ transformers' own assisted-generation settings after ``enable_drafters``, the Hu
 
 from __future__ import annotations
 
+import copy
 import pickle
 import queue
 import threading
@@ -770,7 +771,7 @@ def test_one_rows_cache_is_plain_decodings_and_continues_exactly(num_tree_nodes)
     own draft here, so every draft is accepted and the stop falls inside one); continuing from it is exact."""
     from transformers import DynamicCache
 
-    target, _ = tiny_pair()
+    target, draft = tiny_pair()
     plain = target.generate(input_ids=PROMPT, max_new_tokens=12, do_sample=False)
     new = plain[0, PROMPT.shape[1]:].tolist()
     eos = next(t for i, t in enumerate(new) if i >= 4 and t not in new[:i])  # a token first made at step 5 or later
@@ -785,5 +786,18 @@ def test_one_rows_cache_is_plain_decodings_and_continues_exactly(num_tree_nodes)
     for mine, theirs in zip(cache.layers, ref.cache.layers):
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
     ids = torch.cat([out.sequences, torch.tensor([[4, 6, 8]])], 1)
-    fresh = target.generate(input_ids=ids, max_new_tokens=5, do_sample=False)
-    assert torch.equal(target.generate(input_ids=ids, max_new_tokens=5, do_sample=False, cache=cache), fresh)
+    fresh = target.generate(input_ids=ids, max_new_tokens=10, do_sample=False)
+    assert torch.equal(target.generate(input_ids=ids, max_new_tokens=10, do_sample=False, cache=copy.deepcopy(cache)),
+                       fresh)
+    # the next turn on hf-spec from the same cache (multi-turn prompt caching): refused before, now plain's tokens, on
+    # both entry points, and the cache again holds every token but the last
+    again = target.generate(input_ids=ids, max_new_tokens=10, do_sample=False, cache=cache, return_dict_in_generate=True,
+                            custom_generate=hf_spec.generate, num_tree_nodes=num_tree_nodes,
+                            drafter=hf_spec.DraftModelDrafter(draft, 4))
+    assert torch.equal(again.sequences, fresh) and again.stats.num_target_forwards < 10
+    assert again.cache is cache and cache.get_seq_length() == fresh.shape[1] - 1
+    prefix = DynamicCache(config=target.config)  # a prefix filled by one forward, as transformers' docs show
+    target(input_ids=ids[:, :7], cache=prefix)
+    enabled = hf_spec.enable_drafters(copy.deepcopy(target))
+    assert torch.equal(enabled.generate(input_ids=ids, max_new_tokens=10, do_sample=False, cache=prefix,
+                                        prompt_lookup_num_tokens=3), fresh)

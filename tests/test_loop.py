@@ -266,8 +266,14 @@ def test_beam_and_other_modes_refused(tiny):
 
     filled = DynamicCache(config=target.config)
     target(input_ids=PROMPT[:, :3], **{cache_kwarg(target): filled})
-    with pytest.raises(ValueError, match="filled cache"):
-        _gen(target, hf_spec.NgramDrafter(2), **{cache_kwarg(target): filled})
+    with pytest.raises(ValueError, match="holds 3 tokens and input_ids 2: .*the whole sequence"):  # not its prefix
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=PROMPT[:, :2], **{cache_kwarg(target): filled})
+    padded = torch.ones_like(PROMPT)
+    padded[0, 0] = 0
+    with pytest.raises(ValueError, match="takes a prompt without padding"):
+        _gen(target, hf_spec.NgramDrafter(2), attention_mask=padded, **{cache_kwarg(target): filled})
+    with pytest.raises(ValueError, match="filled cache is supported for one sequence"):
+        _gen(target, hf_spec.NgramDrafter(2), input_ids=PROMPT.repeat(2, 1), **{cache_kwarg(target): filled})
 
 
 def test_empty_prompt_refused(tiny):

@@ -96,6 +96,11 @@ def test_a_callers_empty_cache_keeps_the_window_masks_and_the_refusals():
     out = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False,
                           custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
     assert out.sequences.tolist() == ref.tolist()
+    filled = DynamicCache(config=target.config)  # generate's continuation: its window layers dropped slots
+    target(input_ids=PROMPT[:, :3], **{kwarg: filled})
+    with pytest.raises(ValueError, match="filled cache is not supported for a sliding-window model"):
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3),
+                        **{kwarg: filled})
     chunked = C.build(next(a for a in C.ARCHITECTURES if a.refusal == "chunked_attention"))
     with pytest.raises(ValueError, match="chunked_attention"):
         chunked.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=hf_spec.generate, return_dict_in_generate=True,
