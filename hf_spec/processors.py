@@ -57,9 +57,12 @@ def _row_view(processor, b: int, padded: bool):
         view.batch_size, view.generated_ngrams = 1, processor.generated_ngrams[b:b + 1]
         return view
     if isinstance(processor, PrefixConstrainedLogitsProcessor):
+        # generate builds it for rows in groups of max(num_beams, num_return_sequences) and passes the group's index
+        # as batch_id (the prompt's); the view takes one row at a time and passes that prompt's index
         view = copy.copy(processor)
-        allowed = processor._prefix_allowed_tokens_fn
-        view._prefix_allowed_tokens_fn = lambda _batch_id, sent: allowed(b, sent)  # the row's own batch id
+        allowed, group = processor._prefix_allowed_tokens_fn, processor._num_beams
+        view._prefix_allowed_tokens_fn = lambda _batch_id, sent: allowed(b // group, sent)
+        view._num_beams = 1
         return view
     return processor
 

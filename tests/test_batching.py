@@ -234,6 +234,28 @@ def test_batch_processors_with_per_row_state_match_batched_generate(name):
             assert out.sequences.tolist() == ref.tolist(), (kw, k)
 
 
+def test_prefix_allowed_tokens_fn_with_num_return_sequences_gets_each_prompts_batch_id():
+    """generate builds prefix_allowed_tokens_fn's processor for rows in groups of num_return_sequences and passes the
+    prompt's index as batch_id; the per-row view had divided one row by the group (batch size 0) and crashed. Each
+    prompt's samples must keep to that prompt's constraint (even tokens for prompt 0, odd for prompt 1)."""
+    target, draft = tiny_pair()
+    ids, mask = left_pad([[0, 5, 9, 5, 9, 5, 3], [0, 7, 11, 7]])
+    seen = set()
+
+    def allowed(batch_id, sent):
+        seen.add(batch_id)
+        return list(range(batch_id % 2, 32, 2))
+
+    for drafter in (hf_spec.DraftModelDrafter(draft, 3), hf_spec.NgramDrafter(3)):
+        torch.manual_seed(0)
+        out = target.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=True, num_return_sequences=3,
+                              prefix_allowed_tokens_fn=allowed, eos_token_id=None, custom_generate=hf_spec.generate,
+                              drafter=drafter)
+        assert seen == {0, 1}
+        new = out[:, ids.shape[1]:]
+        assert new.shape == (6, 8) and all(t % 2 == row // 3 for row in range(6) for t in new[row].tolist())
+
+
 @pytest.mark.parametrize("order", ["instruct", "warper-first", "reads-last"])
 def test_process_scores_equals_each_row_processed_by_transformers(order):
     """process_scores over many rows (a sampled verify step: every row and position in one call) gives bit for bit
