@@ -93,6 +93,33 @@ def test_eos_inside_a_draft(smol, smol_drafts):
     assert eos_inside >= 1, "no case had EOS inside a draft with tokens after it"
 
 
+def test_a_second_turn_from_the_first_turns_cache(smol, smol_drafts):
+    """Multi-turn prompt caching: the second turn's whole conversation as input_ids with the first turn's cache,
+    on both entry points; the same tokens as plain generate continuing from a copy of that cache (up to near-ties)."""
+    import copy
+
+    import torch
+
+    model, tok = smol
+    first = encode(tok, "Write a Python function that reverses a string.")
+    out = model.generate(**first, max_new_tokens=24, do_sample=False, custom_generate=hf_spec.generate,
+                         return_dict_in_generate=True, drafter=hf_spec.DraftModelDrafter(smol_drafts["bf16"], 4))
+    message = tok("<|im_start|>user\nNow make it handle None.<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt",
+                  add_special_tokens=False).input_ids
+    ids = torch.cat([out.sequences, message], dim=1)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
+    base = model.generate(ids, cache=copy.deepcopy(out.cache), **kw)
+    enabled = hf_spec.enable_drafters(copy.copy(model))
+    for label, call in (("custom_generate", lambda c: model.generate(ids, cache=c, custom_generate=hf_spec.generate,
+                                                                       drafter=hf_spec.SuffixDrafter(), **kw)),
+                        ("assistant_model", lambda c: enabled.generate(ids, cache=c, assistant_model=smol_drafts["bf16"],
+                                                                       **kw))):
+        cache = copy.deepcopy(out.cache)
+        spec = call(cache)
+        check_same(model, spec, base, ids.shape[1], f"second turn, {label}")
+        assert cache.get_seq_length() == spec.shape[1] - 1
+
+
 def test_stop_strings(smol):
     from transformers import StoppingCriteriaList, StopStringCriteria
 
