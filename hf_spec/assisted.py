@@ -67,17 +67,28 @@ def enable_drafters(model):
     The model gets a bound method, not a closure over it: ``copy.deepcopy(model)`` is enabled too and runs the
     copy's own weights; a pickled model unpickles with transformers' plain ``generate`` (enable it again).
     """
-    if getattr(model.generate, "_hf_spec_enabled", False):
-        return model
-    model.generate = types.MethodType(generate, model)
+    inner = _wrapped(model)
+    if not getattr(inner.generate, "_hf_spec_enabled", False):
+        inner.generate = types.MethodType(generate, inner)
     return model
 
 
 def disable_drafters(model):
     """Undo :func:`enable_drafters`: ``model.generate`` is the model class's own again. Returns ``model``;
     a model that was not enabled is returned unchanged."""
-    if getattr(model.__dict__.get("generate"), "_hf_spec_enabled", False):
-        del model.generate
+    inner = _wrapped(model)
+    if getattr(inner.__dict__.get("generate"), "_hf_spec_enabled", False):
+        del inner.generate
+    return model
+
+
+def _wrapped(model):
+    """The model whose ``generate`` a call on ``model`` runs: a ``torch.compile``'d model (``OptimizedModule``) has
+    no ``generate`` of its own and hands the attribute on to the module it wraps (``_orig_mod``), so the bound
+    method goes there (set on the wrapper, it landed there anyway, bound to the wrapper, and broke deepcopy and
+    pickling of both)."""
+    while not hasattr(type(model), "generate") and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        model = model._orig_mod
     return model
 
 
@@ -194,10 +205,7 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
 def generate(self, *args, **kwargs):
     """``generate`` of a model after :func:`enable_drafters`: hf-spec's loop for a call with an assistant (see
     there), transformers' own ``generate`` (of the model's class) for everything else."""
-    # a torch.compile'd model (OptimizedModule) has no generate of its own: its class hands the attribute on to the
-    # module it wraps, whose generate (as a plain call on the wrapper runs it) is the one to run
-    while not hasattr(type(self), "generate") and isinstance(getattr(self, "_orig_mod", None), torch.nn.Module):
-        self = self._orig_mod
+    self = _wrapped(self)  # bound to the module a torch.compile wrapper wraps; unwrapped again for safety
     original = functools.partial(type(self).generate, self)
     if kwargs.get("custom_generate") is not None:  # the caller chose a decoding loop: theirs
         return original(*args, **kwargs)

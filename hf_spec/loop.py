@@ -175,12 +175,14 @@ def generate(
             "(the tokenized prompt) instead")
     # (an encoder-decoder target's encoder_outputs: refused below as such a target)
     if not model.config.is_encoder_decoder and (unread := unread_model_inputs(model_kwargs)):
+        # generate encodes pixel_values into mm_encoder_outputs before a custom loop sees them: named as the caller's
+        names = [n if n != "mm_encoder_outputs" else "the images generate encoded (pixel_values)" for n in unread]
         raise ValueError(
             f"hf-spec's loop feeds the target token ids (with their attention_mask and token_type_ids) and would drop "
-            f"{', '.join(unread)}, which changes what the target computes (images, audio and other inputs the model "
+            f"{', '.join(names)}, which changes what the target computes (images, audio and other inputs the model "
             "merges in its forward): decode such a call with plain generate, or call hf_spec.enable_drafters(model) "
-            "and pass assistant_model=<a draft model> or prompt_lookup_num_tokens= without custom_generate (it hands such a call to "
-            "transformers' own assisted generation)")
+            "and pass assistant_model=<a draft model> or prompt_lookup_num_tokens= without custom_generate (it hands "
+            "such a call to transformers' own assisted generation)")
     if streamer is None and caller is not None:
         streamer = caller.get("streamer")
     with ending_streamer(streamer), ending_streamer(spec_streamer):
@@ -228,12 +230,17 @@ READ_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "cache", "
 def unread_model_inputs(model_kwargs: dict) -> list[str]:
     """The names of the model inputs in ``model_kwargs`` (given, not ``None``) that this loop does not feed the
     target (``pixel_values``, ``input_features``, ``image_grid_thw``, ...: a multimodal model merges them in its
-    forward), sorted; ``inputs_embeds`` is refused on its own. An empty dict is none given: ``generate`` hands a
-    multimodal model's text-only call ``mm_encoder_outputs={}``."""
-    def given(value) -> bool:
-        return value is not None and not (isinstance(value, dict) and all(v is None for v in value.values()))
+    forward), sorted; ``inputs_embeds`` is refused on its own. Nothing to feed counts as none given: an empty dict
+    (``generate`` hands a multimodal model's text-only call ``mm_encoder_outputs={}``) and a token-type tensor of
+    zeros only (a multimodal processor's ``mm_token_type_ids`` for a text-only prompt: no token is an image's)."""
+    def given(name: str, value) -> bool:
+        if isinstance(value, dict):
+            return any(v is not None for v in value.values())
+        if name.endswith("token_type_ids") and isinstance(value, torch.Tensor):
+            return bool(value.any())
+        return value is not None
 
-    return sorted(k for k, v in model_kwargs.items() if given(v) and k not in READ_MODEL_INPUTS + ("inputs_embeds",))
+    return sorted(k for k, v in model_kwargs.items() if k not in READ_MODEL_INPUTS + ("inputs_embeds",) and given(k, v))
 
 
 def _calling_generate() -> dict | None:
@@ -721,6 +728,13 @@ def _speculative_decode(
         if pad_len[0]:
             raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
                              "from input_ids and attention_mask")
+        if any(hasattr(m, "rope_deltas") for m in model.modules()):
+            # multimodal RoPE (Qwen2-VL and its kin): an image in the cached turns takes fewer positions than
+            # tokens, and generate offsets every later position by the model's stored rope_deltas
+            raise ValueError(
+                f"continuing from a filled cache is not supported for {type(model).__name__}: its multimodal RoPE "
+                "offsets the positions after an image by deltas the model keeps from the call that encoded it, which "
+                "hf-spec's position ids do not read; pass the whole conversation as input_ids and no cache")
         ragged.continue_from(cached)
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,

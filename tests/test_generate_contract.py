@@ -260,7 +260,10 @@ def test_enable_drafters_on_a_torch_compiled_model(tiny):
     out = compiled.generate(PROMPT, assistant_model=draft, return_dict_in_generate=True, **kw)
     assert torch.equal(out.sequences, plain) and out.stats is not None  # hf-spec's loop: its statistics
     assert torch.equal(compiled.generate(PROMPT, **kw), plain)
-    assert torch.equal(hf_spec.disable_drafters(compiled).generate(PROMPT, prompt_lookup_num_tokens=2, **kw), plain)
+    for copied in (copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled))):  # both had failed ('training')
+        assert torch.equal(copied.generate(PROMPT, **kw), plain)
+    out = hf_spec.disable_drafters(compiled).generate(PROMPT, assistant_model=draft, return_dict_in_generate=True, **kw)
+    assert not hasattr(out, "stats")  # undone: transformers' own assisted generation ran (it had stayed hf-spec's)
 
 
 def test_the_assistants_own_generation_config_sets_k_and_the_confidence_stop(tiny, monkeypatch):
@@ -679,7 +682,7 @@ def test_image_inputs_are_refused_by_the_loop_and_run_by_transformers_after_enab
     kw = dict(max_new_tokens=10, do_sample=False)
     plain = model.generate(ids, **image, **kw)
     assert not torch.equal(plain, model.generate(ids, **kw))  # the image matters here
-    with pytest.raises(ValueError, match="would drop .*plain generate"):
+    with pytest.raises(ValueError, match="would drop the images generate encoded \(pixel_values\).*plain generate"):
         model.generate(ids, **image, **kw, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
     enabled = hf_spec.enable_drafters(model)
     try:
@@ -689,6 +692,35 @@ def test_image_inputs_are_refused_by_the_loop_and_run_by_transformers_after_enab
         assert torch.equal(enabled.generate(ids, **text, prompt_lookup_num_tokens=3), model.generate(ids, **text))
     finally:
         hf_spec.disable_drafters(model)
+
+
+def test_multimodal_rope_text_calls_run_and_a_continued_image_conversation_is_refused():
+    """Qwen2-VL's processor gives text-only prompts mm_token_type_ids of zeros: nothing to feed, so the call runs on
+    hf-spec's loop (it had been refused). Its multimodal RoPE offsets positions after an image by deltas the model
+    keeps, so continuing such a conversation from a filled cache is refused (hf-spec had decoded other tokens)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        text_config=dict(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=0, eos_token_id=1,
+                         pad_token_id=1),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2, spatial_merge_size=1,
+                           temporal_patch_size=1, in_chans=3),
+        image_token_id=30, video_token_id=31, vision_start_token_id=32, vision_end_token_id=33)).eval()
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=1)
+    text = torch.tensor([[0, 7, 11, 5, 9, 5, 9, 7]])
+    plain = model.generate(text, mm_token_type_ids=torch.zeros_like(text), **kw)
+    out = model.generate(text, mm_token_type_ids=torch.zeros_like(text), custom_generate=hf_spec.generate,
+                         return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **kw)
+    assert torch.equal(out.sequences, plain)
+    ids = torch.tensor([[0, 32] + [30] * 8 + [33, 7, 11, 5]])  # an image of 2 x 4 patches, then text
+    turn = model.generate(ids, pixel_values=torch.randn(8, 12), image_grid_thw=torch.tensor([[1, 2, 4]]),
+                          mm_token_type_ids=(ids == 30).long(), return_dict_in_generate=True, **kw)
+    with pytest.raises(ValueError, match="not supported for Qwen2VLForConditionalGeneration: its multimodal RoPE"):
+        model.generate(torch.cat([turn.sequences, torch.tensor([[4, 6, 8]])], 1), cache=turn.cache,
+                       custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3), **kw)
 
 
 def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(tiny):
