@@ -57,7 +57,9 @@ def enable_drafters(model):
     ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), an
     encoder-decoder target (T5, BART) with prompt lookup or an encoder-decoder assistant, a call with model inputs hf-spec's loop does not feed the target
     (``pixel_values`` and the other inputs of multimodal models: :func:`hf_spec.loop.unread_model_inputs`), and every
-    call without an assistant, go to transformers' own ``generate`` unchanged.
+    call without an assistant, go to transformers' own ``generate`` unchanged; hf-spec's own settings
+    (:data:`SPEC_SETTINGS`: ``drafter=``, ``num_speculative_tokens=``, ...) on such a call raise a ``ValueError``
+    saying so, where transformers would name them as unused model arguments.
 
     The call returns what ``generate`` returns: the sequences tensor, or with ``return_dict_in_generate=True``
     a :class:`hf_spec.loop.SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput``: ``sequences``,
@@ -80,6 +82,10 @@ def disable_drafters(model):
     if getattr(inner.__dict__.get("generate"), "_hf_spec_enabled", False):
         del inner.generate
     return model
+
+
+#: the settings of hf-spec's loop (``hf_spec.generate``'s own arguments), which transformers' generate does not read
+SPEC_SETTINGS = ("drafter", "num_speculative_tokens", "num_tree_nodes", "spec_streamer", "event_listeners")
 
 
 def _wrapped(model):
@@ -211,8 +217,18 @@ def generate(self, *args, **kwargs):
         return original(*args, **kwargs)
     kwargs = _by_name(type(self).generate, args, kwargs)
     with ending_streamer(kwargs.get("streamer")):
+        asked = any(kwargs.get(key) is not None or getattr(call_config(self, kwargs), key, None) is not None
+                    for key in ("assistant_model", "prompt_lookup_num_tokens"))
         drafter = drafter_for(self, kwargs)
         if drafter is None:
+            if own := [key for key in SPEC_SETTINGS if kwargs.get(key) is not None]:
+                why = ("hf-spec hands it over: an assistant with another tokenizer or ensemble weighting, an "
+                       "encoder-decoder target, or inputs such as images" if asked else "it names no assistant_model "
+                       "or prompt_lookup_num_tokens")
+                raise ValueError(
+                    f"this call runs on transformers' own generate ({why}), which does not read hf-spec's "
+                    f"{', '.join(own)}: drop them, or pass custom_generate=hf_spec.generate with drafter=... for "
+                    "hf-spec's loop")
             return original(**kwargs)
         if kwargs.get("drafter") is not None:
             raise ValueError("this call names two drafters: assistant_model= (or prompt_lookup_num_tokens=) and "

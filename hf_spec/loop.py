@@ -306,8 +306,9 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         raise ValueError(
             f"{type(model).__name__} is an encoder-decoder model; hf-spec decodes decoder-only causal language models "
             "(its loop verifies drafts against one self-attention cache, not a decoder's cross-attention over an "
-            "encoder's output): use plain model.generate(...) without hf-spec (no custom_generate=hf_spec.generate, "
-            "no drafter or assistant)")
+            "encoder's output): use plain model.generate(...) without custom_generate=hf_spec.generate; after "
+            "hf_spec.enable_drafters(model), prompt lookup (prompt_lookup_num_tokens=) or an encoder-decoder "
+            "assistant_model runs on transformers' own assisted generation (a decoder-only draft cannot draft for it)")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"empty prompt: input_ids has shape {tuple(input_ids.shape)}; give at least one token")
     if model.device.type == "meta":

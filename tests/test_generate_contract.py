@@ -744,6 +744,11 @@ def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(t
     enabled = hf_spec.enable_drafters(t5)
     for assisted in (dict(assistant_model=pickle.loads(pickle.dumps(t5))), dict(prompt_lookup_num_tokens=2)):
         assert torch.equal(enabled.generate(PROMPT, max_new_tokens=6, do_sample=False, **assisted), plain)
+    # hf-spec's own settings on a call transformers runs: said so, where transformers' "model_kwargs are not used" came
+    with pytest.raises(ValueError, match="runs on transformers' own generate \\(hf-spec hands it over.*num_tree_nodes"):
+        enabled.generate(PROMPT, max_new_tokens=6, prompt_lookup_num_tokens=2, num_tree_nodes=4)
+    with pytest.raises(ValueError, match="names no assistant_model .*drafter: drop them"):
+        enabled.generate(PROMPT, max_new_tokens=6, drafter=hf_spec.NgramDrafter(2))
     hf_spec.disable_drafters(t5)
     with pytest.raises(ValueError, match="the draft T5ForConditionalGeneration is an encoder-decoder model"):
         hf_spec.DraftModelDrafter(t5)
