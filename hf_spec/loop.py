@@ -689,7 +689,8 @@ def _speculative_decode(
 
     def tell_drafter(step: int, hidden: torch.Tensor | None, num_drafted: torch.Tensor, num_accepted: torch.Tensor,
                      width: int, seconds: float, columns: torch.Tensor | None = None, path: torch.Tensor | None = None,
-                     depths: torch.Tensor | None = None, head_logits: torch.Tensor | None = None) -> None:
+                     depths: torch.Tensor | None = None, head_logits: torch.Tensor | None = None,
+                     positions: int | None = None) -> None:
         if session is not None:
             hidden = hidden[:, -width:] if hidden is not None else None
             if hidden is not None and columns is not None:  # a tree: the root, then the accepted path
@@ -697,8 +698,8 @@ def _speculative_decode(
             if head_logits is not None and columns is not None:
                 head_logits = head_logits.gather(1, columns[:, :, None, None].expand(-1, -1, *head_logits.shape[2:]))
             try:
-                session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path, width, depths,
-                                            head_logits))
+                session.update(VerifyOutput(step, num_drafted, num_accepted, hidden, seconds, path,
+                                            width if positions is None else positions, depths, head_logits))
             except Exception as e:
                 _note(e, f"raised by {type(session).__name__}.update at step {step}")
                 raise
@@ -747,7 +748,7 @@ def _speculative_decode(
     record(logits_out, out.logits[:, -1:], emitted)
     none = input_ids.new_zeros(bsz)
     verify_time = clock(device) - t0 - (measuring_seconds() - m0)  # without one-time kernel measurements
-    tell_drafter(0, hidden_of(out), none, none, 1, verify_time)
+    tell_drafter(0, hidden_of(out), none, none, 1, verify_time, positions=input_ids.shape[1] - cached)
     prefill_s_per_token = verify_time / input_ids[:, cached:].numel()  # prices a drafter's catch-up (catch_up_cost)
     put(emitted)
     method = session.method if session is not None else None  # the drafter's label in events and statistics

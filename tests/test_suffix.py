@@ -560,7 +560,7 @@ def test_the_loop_reports_the_positions_each_forward_scored(pair):
                     custom_generate=hf_spec.generate, drafter=Wide(3), num_speculative_tokens=3, max_new_tokens=4,
                     min_new_tokens=4, do_sample=False, event_listeners=[events.append])
     steps = [e for e in events if e.step > 0]
-    assert [e.positions for e in steps] == told[1:] and told[0] == 1
+    assert [e.positions for e in steps] == told[1:] and told[0] == 4  # the prefill: the prompt's 4 positions
     assert [e.positions for e in steps] == [1 + min(3, e.num_speculative_tokens) for e in steps]
     wide = next(e for e in steps if e.positions > 2)
     assert max(len(d) for d in wide.drafted) == 1
@@ -572,6 +572,10 @@ def test_the_loop_reports_the_positions_each_forward_scored(pair):
     d.update(VerifyOutput(step=1, num_drafted=torch.tensor([1, 0]), num_accepted=torch.tensor([1, 0]), seconds=0.5,
                           positions=7))
     assert d._forward_s == {7: [0.5]}
+    # the prefill is priced per prompt token it ran over: 2 of the 4 when a cache passed in held the first 2
+    d.update(VerifyOutput(step=0, num_drafted=torch.tensor([0]), num_accepted=torch.tensor([0]), seconds=0.5,
+                          positions=2))
+    assert d._prefill_s_per_token == 0.25
 
 
 def test_a_model_draft_that_caught_up_counts_for_its_length_not_its_time(pair, monkeypatch):

@@ -125,8 +125,9 @@ class VerifyOutput:
             nodes from the root's child down, padded with -1; ``hidden_states`` then holds the root's column and
             the accepted path's, in that order, so column ``num_accepted[b]`` is again the newest token's.
             ``None`` after a chain.
-        positions: positions per row this forward scored (1 at the prefill and on plain steps, else 1 + the
-            draft's width, which may exceed 1 + ``num_drafted.max()``); 0 where not given.
+        positions: positions per row this forward scored: at the prefill the prompt positions it ran over (the
+            prompt's length with its padding, less the tokens a cache passed in already held), 1 on plain steps, else
+            1 + the draft's width, which may exceed 1 + ``num_drafted.max()``; 0 where not given.
         depths: after a draft tree, ``LongTensor[B]``: the depth of each row's tree as verified (the drafted
             positions it reached; ``num_drafted`` counts its nodes), after the loop dropped the nodes past
             ``max_length``; ``None`` after a chain, whose length is ``num_drafted``.

@@ -354,7 +354,7 @@ class HybridDrafter(Drafter):
         # per row of the last draft: (source, match length, k asked, the suffix match's origin)
         self._chosen: list[tuple[str, int, int, str]] | None = None
         self._prefill_s_per_token = 0.0  # the target's prefill seconds per prompt token (prices a catch-up)
-        self._prompt_tokens = int(input_ids.numel())
+        self._prompt_len = int(input_ids.shape[1])
         self.last_sources = None
 
     def select_rows(self, rows) -> None:
@@ -366,7 +366,9 @@ class HybridDrafter(Drafter):
     def update(self, verified: VerifyOutput) -> None:
         self._model.update(verified)
         if verified.step == 0:
-            self._prefill_s_per_token = verified.seconds / max(1, self._prompt_tokens)
+            # per prompt token the prefill ran over (a continued call's cache held the others)
+            rows = verified.num_drafted.shape[0]
+            self._prefill_s_per_token = verified.seconds / max(1, rows * (verified.positions or self._prompt_len))
         elif verified.seconds:
             # the positions the forward scored: a model draft is as wide as its longest row, also where that row
             # took another source, so 1 + the longest row verified can fall short of it
