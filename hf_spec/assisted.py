@@ -67,10 +67,14 @@ def enable_drafters(model):
     ``tokenizer=``) work as in ``generate``. Idempotent; :func:`disable_drafters` undoes it.
 
     The model gets a bound method, not a closure over it: ``copy.deepcopy(model)`` is enabled too and runs the
-    copy's own weights; a pickled model unpickles with transformers' plain ``generate`` (enable it again).
+    copy's own weights; a pickled model unpickles with transformers' plain ``generate`` (enable it again). A shallow
+    ``copy.copy(model)`` shares the original's bound method, so its calls run as the original's (its generation
+    config): call ``enable_drafters`` on the copy, which binds it to the copy.
     """
     inner = _wrapped(model)
-    if not getattr(inner.generate, "_hf_spec_enabled", False):
+    bound = inner.__dict__.get("generate")
+    # a shallow copy (copy.copy) of an enabled model holds the original's bound method: bound here to the copy
+    if not (getattr(bound, "_hf_spec_enabled", False) and getattr(bound, "__self__", None) is inner):
         inner.generate = types.MethodType(generate, inner)
     return model
 
@@ -219,9 +223,11 @@ def generate(self, *args, **kwargs):
     with ending_streamer(kwargs.get("streamer")):
         asked = any(kwargs.get(key) is not None or getattr(call_config(self, kwargs), key, None) is not None
                     for key in ("assistant_model", "prompt_lookup_num_tokens"))
+        assistant = kwargs.get("assistant_model")
         drafter = drafter_for(self, kwargs)
         if drafter is None:
-            if own := [key for key in SPEC_SETTINGS if kwargs.get(key) is not None]:
+            if own := [key for key in SPEC_SETTINGS if kwargs.get(key) is not None and not (
+                    isinstance(kwargs[key], (list, tuple)) and not kwargs[key])]:  # event_listeners=[]: none
                 why = ("hf-spec hands it over: an assistant with another tokenizer or ensemble weighting, an "
                        "encoder-decoder target, or inputs such as images" if asked else "it names no assistant_model "
                        "or prompt_lookup_num_tokens")
@@ -229,10 +235,20 @@ def generate(self, *args, **kwargs):
                     f"this call runs on transformers' own generate ({why}), which does not read hf-spec's "
                     f"{', '.join(own)}: drop them, or pass custom_generate=hf_spec.generate with drafter=... for "
                     "hf-spec's loop")
+            for key in SPEC_SETTINGS:  # given as None or empty: nothing to read, and nothing transformers takes
+                kwargs.pop(key, None)
             return original(**kwargs)
         if kwargs.get("drafter") is not None:
-            raise ValueError("this call names two drafters: assistant_model= (or prompt_lookup_num_tokens=) and "
-                             "drafter=; pass one of them")
+            raise ValueError("this call names two drafters: drafter=, and assistant_model= or prompt_lookup_num_tokens= "
+                             "(in the call, its generation_config, or the model's generation_config); pass one of them "
+                             "(model.generation_config.prompt_lookup_num_tokens = None drops the model's)")
+        if drafter is assistant and (unread := unread_model_inputs(
+                {k: v for k, v in kwargs.items() if k in inspect.signature(self.forward).parameters})):
+            raise ValueError(
+                f"an hf-spec drafter as assistant_model runs on hf-spec's loop, which does not feed the target "
+                f"{', '.join(unread)} (images and other inputs a multimodal model merges in its forward): pass a draft "
+                "model as assistant_model or prompt_lookup_num_tokens= (transformers' own assisted generation then runs "
+                "the call), or use plain generate")
         kwargs.pop("drafter", None)
         _refuse_unrunnable(self, kwargs)
         streamer, spec_streamer = kwargs.pop("streamer", None), kwargs.pop("spec_streamer", None)

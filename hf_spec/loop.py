@@ -730,9 +730,11 @@ def _speculative_decode(
         if pad_len[0]:
             raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
                              "from input_ids and attention_mask")
-        if any(hasattr(m, "rope_deltas") for m in model.modules()):
+        if any(isinstance(getattr(m, "rope_deltas", None), torch.Tensor) and bool(m.rope_deltas.any())
+               for m in model.modules()):
             # multimodal RoPE (Qwen2-VL and its kin): an image in the cached turns takes fewer positions than
-            # tokens, and generate offsets every later position by the model's stored rope_deltas
+            # tokens, and generate offsets every later position by the deltas the model stored when it encoded it
+            # (none, or zeros, after text only: positions then follow the cache, as here)
             raise ValueError(
                 f"continuing from a filled cache is not supported for {type(model).__name__}: its multimodal RoPE "
                 "offsets the positions after an image by deltas the model keeps from the call that encoded it, which "

@@ -260,6 +260,9 @@ def test_enable_drafters_on_a_torch_compiled_model(tiny):
     out = compiled.generate(PROMPT, assistant_model=draft, return_dict_in_generate=True, **kw)
     assert torch.equal(out.sequences, plain) and out.stats is not None  # hf-spec's loop: its statistics
     assert torch.equal(compiled.generate(PROMPT, **kw), plain)
+    shallow = hf_spec.enable_drafters(copy.copy(compiled._orig_mod))  # it shared the original's bound generate
+    shallow.generation_config = GenerationConfig(max_new_tokens=3, do_sample=False)
+    assert shallow.generate(PROMPT, prompt_lookup_num_tokens=2).shape[1] == PROMPT.shape[1] + 3  # the copy's config
     for copied in (copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled))):  # both had failed ('training')
         assert torch.equal(copied.generate(PROMPT, **kw), plain)
     out = hf_spec.disable_drafters(compiled).generate(PROMPT, assistant_model=draft, return_dict_in_generate=True, **kw)
@@ -715,12 +718,24 @@ def test_multimodal_rope_text_calls_run_and_a_continued_image_conversation_is_re
     out = model.generate(text, mm_token_type_ids=torch.zeros_like(text), custom_generate=hf_spec.generate,
                          return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **kw)
     assert torch.equal(out.sequences, plain)
+    # a text-only conversation continues from its cache (no image: no position offsets)
+    more = torch.cat([plain, torch.tensor([[4, 6, 8]])], 1)
+    ref = model.generate(more, cache=copy.deepcopy(out.cache), **kw)
+    assert torch.equal(model.generate(more, cache=out.cache, custom_generate=hf_spec.generate,
+                                      drafter=hf_spec.NgramDrafter(3), **kw), ref)
     ids = torch.tensor([[0, 32] + [30] * 8 + [33, 7, 11, 5]])  # an image of 2 x 4 patches, then text
     turn = model.generate(ids, pixel_values=torch.randn(8, 12), image_grid_thw=torch.tensor([[1, 2, 4]]),
                           mm_token_type_ids=(ids == 30).long(), return_dict_in_generate=True, **kw)
     with pytest.raises(ValueError, match="not supported for Qwen2VLForConditionalGeneration: its multimodal RoPE"):
         model.generate(torch.cat([turn.sequences, torch.tensor([[4, 6, 8]])], 1), cache=turn.cache,
                        custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3), **kw)
+    enabled = hf_spec.enable_drafters(model)  # an hf-spec drafter as the assistant of an image call: said so
+    try:
+        with pytest.raises(ValueError, match="an hf-spec drafter as assistant_model runs on hf-spec's loop"):
+            enabled.generate(ids, pixel_values=torch.randn(8, 12), image_grid_thw=torch.tensor([[1, 2, 4]]),
+                             mm_token_type_ids=(ids == 30).long(), assistant_model=hf_spec.NgramDrafter(3), **kw)
+    finally:
+        hf_spec.disable_drafters(model)
 
 
 def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(tiny):
@@ -749,6 +764,7 @@ def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(t
         enabled.generate(PROMPT, max_new_tokens=6, prompt_lookup_num_tokens=2, num_tree_nodes=4)
     with pytest.raises(ValueError, match="names no assistant_model .*drafter: drop them"):
         enabled.generate(PROMPT, max_new_tokens=6, drafter=hf_spec.NgramDrafter(2))
+    assert torch.equal(enabled.generate(PROMPT, max_new_tokens=6, do_sample=False, event_listeners=[]), plain)  # none
     hf_spec.disable_drafters(t5)
     with pytest.raises(ValueError, match="the draft T5ForConditionalGeneration is an encoder-decoder model"):
         hf_spec.DraftModelDrafter(t5)
