@@ -55,9 +55,10 @@ def enable_drafters(model):
     them (the call's win over the draft's, the draft's over the target model's).
     A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), a draft model with
     ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), an
-    encoder-decoder target (T5, BART) with prompt lookup or an encoder-decoder assistant, a call with model inputs hf-spec's loop does not feed the target
-    (``pixel_values`` and the other inputs of multimodal models: :func:`hf_spec.loop.unread_model_inputs`), and every
-    call without an assistant, go to transformers' own ``generate`` unchanged; hf-spec's own settings
+    encoder-decoder target (T5, BART) with prompt lookup or an encoder-decoder assistant, a call with model inputs
+    hf-spec's loop does not feed the target (``pixel_values`` and the other inputs of multimodal models:
+    :func:`hf_spec.loop.unread_model_inputs`), and every call without an assistant, go to transformers' own
+    ``generate`` unchanged; hf-spec's own settings
     (:data:`SPEC_SETTINGS`: ``drafter=``, ``num_speculative_tokens=``, ...) on such a call raise a ``ValueError``
     saying so, where transformers would name them as unused model arguments.
 
@@ -221,13 +222,13 @@ def generate(self, *args, **kwargs):
         return original(*args, **kwargs)
     kwargs = _by_name(type(self).generate, args, kwargs)
     with ending_streamer(kwargs.get("streamer")):
-        asked = any(kwargs.get(key) is not None or getattr(call_config(self, kwargs), key, None) is not None
-                    for key in ("assistant_model", "prompt_lookup_num_tokens"))
         assistant = kwargs.get("assistant_model")
         drafter = drafter_for(self, kwargs)
-        if drafter is None:
+        if drafter is None:  # kwargs as the call gave them
             if own := [key for key in SPEC_SETTINGS if kwargs.get(key) is not None and not (
                     isinstance(kwargs[key], (list, tuple)) and not kwargs[key])]:  # event_listeners=[]: none
+                asked = any(kwargs.get(key) is not None or getattr(call_config(self, kwargs), key, None) is not None
+                            for key in ("assistant_model", "prompt_lookup_num_tokens"))
                 why = ("hf-spec hands it over: an assistant with another tokenizer or ensemble weighting, an "
                        "encoder-decoder target, or inputs such as images" if asked else "it names no assistant_model "
                        "or prompt_lookup_num_tokens")
@@ -239,16 +240,17 @@ def generate(self, *args, **kwargs):
                 kwargs.pop(key, None)
             return original(**kwargs)
         if kwargs.get("drafter") is not None:
-            raise ValueError("this call names two drafters: drafter=, and assistant_model= or prompt_lookup_num_tokens= "
-                             "(in the call, its generation_config, or the model's generation_config); pass one of them "
+            raise ValueError("this call names two drafters: drafter=, and assistant_model= or "
+                             "prompt_lookup_num_tokens= (in the call, its generation_config, or the model's "
+                             "generation_config); pass one of them "
                              "(model.generation_config.prompt_lookup_num_tokens = None drops the model's)")
         if drafter is assistant and (unread := unread_model_inputs(
                 {k: v for k, v in kwargs.items() if k in inspect.signature(self.forward).parameters})):
             raise ValueError(
                 f"an hf-spec drafter as assistant_model runs on hf-spec's loop, which does not feed the target "
                 f"{', '.join(unread)} (images and other inputs a multimodal model merges in its forward): pass a draft "
-                "model as assistant_model or prompt_lookup_num_tokens= (transformers' own assisted generation then runs "
-                "the call), or use plain generate")
+                "model as assistant_model or prompt_lookup_num_tokens= (transformers' own assisted generation then "
+                "runs the call), or use plain generate")
         kwargs.pop("drafter", None)
         _refuse_unrunnable(self, kwargs)
         streamer, spec_streamer = kwargs.pop("streamer", None), kwargs.pop("spec_streamer", None)

@@ -117,8 +117,8 @@ def generate(
         :class:`SpeculativeOutput` (transformers' ``GenerateDecoderOnlyOutput`` with ``sequences``, ``scores`` /
         ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
         every token but the last, as ``generate`` leaves it (a next call given it with the whole sequence as
-        ``input_ids`` continues from it, as ``generate`` does; so does one given a prefix cache a forward filled); ``None`` for a batch and for sliding-window models,
-        whose cache passed in stays empty).
+        ``input_ids`` continues from it, as ``generate`` does; so does one given a prefix cache a forward filled);
+        ``None`` for a batch and for sliding-window models, whose cache passed in stays empty).
 
     Raises:
         TypeError: ``drafter`` is not an hf-spec Drafter instance (a class, or a spec string: build it with
@@ -128,12 +128,13 @@ def generate(
             DoLa, constrained beam search) or ``num_return_sequences`` > 1 outside ``generate`` (which repeats the
             prompts for it); transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
-            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``, or model inputs the loop does not feed the
-            target (images and other multimodal inputs: :func:`unread_model_inputs`; ``token_type_ids`` are fed, each
-            new token taking its row's last prompt type as ``generate`` extends them); an empty prompt or all-padding row, a
-            right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can propose; a
-            streamer with batch size > 1; a cache that cannot be cropped, or a filled cache with a batch, a sliding-window
-            model, left padding, or as many tokens as ``input_ids`` (it must hold their first tokens); a draft tree on a model that cannot
+            this loop does not read; ``synced_gpus=True``; ``inputs_embeds``, or model inputs the loop does not
+            feed the target (images and other multimodal inputs: :func:`unread_model_inputs`; ``token_type_ids`` are
+            fed, each new token taking its row's last prompt type as ``generate`` extends them); an empty prompt or
+            all-padding row, a right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can
+            propose; a streamer with batch size > 1; a cache that cannot be cropped, or a filled cache with a batch,
+            a sliding-window model, a multimodal-RoPE model holding an image's position deltas, left padding, or as
+            many tokens as ``input_ids`` (it must hold their first tokens); a draft tree on a model that cannot
             place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
             an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
             (:func:`~hf_spec.ragged.positions_from_slots`: MPT); a batch or a tree on a model whose layers window
@@ -740,9 +741,10 @@ def _speculative_decode(
                 "offsets the positions after an image by deltas the model keeps from the call that encoded it, which "
                 "hf-spec's position ids do not read; pass the whole conversation as input_ids and no cache")
         ragged.continue_from(cached)
+    types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
-                         **({} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}))
+                         **types)
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()
