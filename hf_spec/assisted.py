@@ -93,6 +93,13 @@ def disable_drafters(model):
 SPEC_SETTINGS = ("drafter", "num_speculative_tokens", "num_tree_nodes", "spec_streamer", "event_listeners")
 
 
+def _unread_inputs(model, kwargs: dict) -> list[str]:
+    """:func:`~hf_spec.loop.unread_model_inputs` of a ``generate`` call's keyword arguments: those that name an input
+    of ``model``'s forward (``pixel_values``, ...), not a generation setting."""
+    inputs = inspect.signature(model.forward).parameters
+    return unread_model_inputs({k: v for k, v in kwargs.items() if k in inputs})
+
+
 def _wrapped(model):
     """The model whose ``generate`` a call on ``model`` runs: a ``torch.compile``'d model (``OptimizedModule``) has
     no ``generate`` of its own and hands the attribute on to the module it wraps (``_orig_mod``), so the bound
@@ -138,8 +145,7 @@ def drafter_for(model, kwargs: dict) -> Drafter | None:
                          "assistant_ensemble_weight, or pass a draft model as assistant_model")
     if (assistant is not None or lookup is not None) and not isinstance(assistant, Drafter) and (
             (model.config.is_encoder_decoder and (assistant is None or assistant.config.is_encoder_decoder))
-            or unread_model_inputs(
-                {k: v for k, v in kwargs.items() if k in inspect.signature(model.forward).parameters})):
+            or _unread_inputs(model, kwargs)):
         # an encoder-decoder target (T5, BART), or images, audio, ...: inputs hf-spec's loop does not feed the target;
         # transformers' own assisted generation runs both
         logger.info("hf_spec: transformers' own assisted generation runs this call (%s)",
@@ -244,8 +250,7 @@ def generate(self, *args, **kwargs):
                              "prompt_lookup_num_tokens= (in the call, its generation_config, or the model's "
                              "generation_config); pass one of them "
                              "(model.generation_config.prompt_lookup_num_tokens = None drops the model's)")
-        if drafter is assistant and (unread := unread_model_inputs(
-                {k: v for k, v in kwargs.items() if k in inspect.signature(self.forward).parameters})):
+        if drafter is assistant and (unread := _unread_inputs(self, kwargs)):
             raise ValueError(
                 f"an hf-spec drafter as assistant_model runs on hf-spec's loop, which does not feed the target "
                 f"{', '.join(unread)} (images and other inputs a multimodal model merges in its forward): pass a draft "

@@ -39,7 +39,7 @@ from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
 from .ragged import (RaggedCache, check_block_forward, check_cache_layers, check_key_selection, check_tree_model,
-                     crop_cache_to, positions_from_slots, slot_window)
+                     crop_cache_to, positions_from_slots, slot_window, sliding_windows)
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -373,17 +373,47 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
                 "hf_spec.load(..., quantization='nf4'), which does.", layers[0].compute_dtype)
     if cache is not None:
         check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
-    if cache is not None and (cached := cache.get_seq_length()) > 0:
-        # generate's own continuation (multi-turn prompt caching): the cache holds the prompt's first tokens
-        if input_ids.shape[0] > 1:
-            raise ValueError(
-                "continuing from a filled cache is supported for one sequence: a batch decodes in a per-row cache of "
-                "its own; pass the whole sequences as input_ids and no cache")
-        if cached >= input_ids.shape[1]:
-            raise ValueError(
-                f"the cache passed holds {cached} tokens and input_ids {input_ids.shape[1]}: continuing from a filled "
-                "cache needs the whole sequence as input_ids, the cache holding its first tokens (as the cache "
-                "generate returned, which holds every token but the last)")
+
+
+def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[int]) -> int:
+    """How many of the prompt's first tokens ``cache`` already holds (0 for none): ``generate``'s continuation from a
+    cache it returned or a prefix a forward filled (multi-turn prompt caching), whose prefill runs over the rest.
+
+    Raises:
+        ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), a sliding-window model
+            (decoded in a cache that keeps every slot, which the window layers of the cache passed do not), left
+            padding, a multimodal-RoPE model holding an image's position deltas, or as many tokens as ``input_ids``.
+    """
+    cached = cache.get_seq_length() if cache is not None else 0
+    if not cached:
+        return 0
+    fix = "pass the whole sequence as input_ids and no cache"
+    if input_ids.shape[0] > 1:
+        raise ValueError("continuing from a filled cache is supported for one sequence: a batch decodes in a per-row "
+                         f"cache of its own; {fix}")
+    if cached >= input_ids.shape[1]:
+        raise ValueError(
+            f"the cache passed holds {cached} tokens and input_ids {input_ids.shape[1]}: continuing from a filled "
+            "cache needs the whole sequence as input_ids, the cache holding its first tokens (as the cache "
+            "generate returned, which holds every token but the last)")
+    if sliding_windows(DynamicCache(config=model.config)):
+        raise ValueError(
+            "continuing from a filled cache is not supported for a sliding-window model: hf-spec decodes it in a "
+            "cache of its own that keeps every slot (rejected drafts roll back past the window), which the "
+            f"window layers of the cache passed do not; {fix}")
+    if pad_len[0]:
+        raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
+                         "from input_ids and attention_mask")
+    if any(isinstance(getattr(m, "rope_deltas", None), torch.Tensor) and bool(m.rope_deltas.any())
+           for m in model.modules()):
+        # multimodal RoPE (Qwen2-VL and its kin): an image in the cached turns takes fewer positions than tokens, and
+        # generate offsets every later position by the deltas the model stored when it encoded it (none, or zeros,
+        # after text only: positions then follow the cache, as here)
+        raise ValueError(
+            f"continuing from a filled cache is not supported for {type(model).__name__}: its multimodal RoPE "
+            "offsets the positions after an image by deltas the model keeps from the call that encoded it, which "
+            f"hf-spec's position ids do not read; {fix.replace('sequence', 'conversation')}")
+    return cached
 
 
 #: transformers' assisted-generation settings, which hf-spec's loop does not read (its drafter and
@@ -516,6 +546,7 @@ def _speculative_decode(
     device = model.device
     input_ids = input_ids.to(device, torch.long)  # generate's output is int64 whatever the prompt's integer dtype
     pad_len = _left_padding(attention_mask, input_ids)
+    cached = _continued_length(model, cache, input_ids, pad_len)  # before any drafter work
     # token types as generate extends them: each new token takes its row's last prompt type (GPT-2 and BERT-style
     # embeddings read them at every position; a multimodal processor's all-text zeros change nothing)
     if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
@@ -719,27 +750,7 @@ def _speculative_decode(
             f"cache_implementation='offloaded' (layers offloaded to the CPU between forwards): hf-spec decodes {own}, "
             "which does not offload, so the memory you chose to save would be spent; drop cache_implementation"
             + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
-    # a cache that holds the prompt's first tokens (generate's continuation from a returned or prefilled cache): the
-    # prefill runs over the rest, as plain generate's does
-    cached = cache.get_seq_length() if cache is not None else 0
-    if cached:
-        if ragged.cache is not cache:
-            raise ValueError(
-                "continuing from a filled cache is not supported for a sliding-window model: hf-spec decodes it in a "
-                "cache of its own that keeps every slot (rejected drafts roll back past the window), which the "
-                "window layers of the cache passed do not; pass the whole sequence as input_ids and no cache")
-        if pad_len[0]:
-            raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
-                             "from input_ids and attention_mask")
-        if any(isinstance(getattr(m, "rope_deltas", None), torch.Tensor) and bool(m.rope_deltas.any())
-               for m in model.modules()):
-            # multimodal RoPE (Qwen2-VL and its kin): an image in the cached turns takes fewer positions than
-            # tokens, and generate offsets every later position by the deltas the model stored when it encoded it
-            # (none, or zeros, after text only: positions then follow the cache, as here)
-            raise ValueError(
-                f"continuing from a filled cache is not supported for {type(model).__name__}: its multimodal RoPE "
-                "offsets the positions after an image by deltas the model keeps from the call that encoded it, which "
-                "hf-spec's position ids do not read; pass the whole conversation as input_ids and no cache")
+    if cached:  # the cache holds the prompt's first tokens: the prefill runs over the rest, as plain generate's does
         ragged.continue_from(cached)
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)

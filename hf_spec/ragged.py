@@ -254,6 +254,12 @@ def check_tree_model(model) -> None:
                          "with attn_implementation='sdpa', or draft chains (no tree)")
 
 
+def sliding_windows(cache: DynamicCache) -> set[int]:
+    """The sliding-window sizes of ``cache``'s layers (``DynamicCache(config=...)`` builds them from a model's config;
+    empty for a model of full-attention layers only)."""
+    return {layer.sliding_window for layer in cache.layers if getattr(layer, "sliding_window", None)}
+
+
 class RaggedCache:
     """A ``DynamicCache`` whose rows hold sequences of different lengths, with holes where tokens were rejected.
 
@@ -290,7 +296,7 @@ class RaggedCache:
         # what the model's layers are, from the config (a caller's empty DynamicCache() has no layers yet)
         reference = DynamicCache(config=config)
         check_cache_layers(config, reference, role)
-        windows = {layer.sliding_window for layer in reference.layers if getattr(layer, "sliding_window", None)}
+        windows = sliding_windows(reference)
         self.window = min(windows) if windows else None
         cache = cache if cache is not None else reference
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
