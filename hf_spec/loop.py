@@ -64,6 +64,11 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
     stats: SpecStats | None = None
 
 
+#: the attribute of a caller's cache object under which a one-sequence call leaves its drafter's
+#: :meth:`~hf_spec.drafters.base.Drafter.carry_over` (a draft model's own cache) for the next call given that object
+CARRIED = "_hf_spec_carried"
+
+
 def generate(
     model,
     input_ids: torch.LongTensor,
@@ -752,6 +757,9 @@ def _speculative_decode(
             + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
     if cached:  # the cache holds the prompt's first tokens: the prefill runs over the rest, as plain generate's does
         ragged.continue_from(cached)
+    carried = ragged.cache is cache is not None and session is not None
+    if carried and session.resume(getattr(cache, CARRIED, None)):  # an earlier call's draft cache: taken off the
+        vars(cache).pop(CARRIED, None)  # cache object, so a call that fails half-way leaves none behind
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
@@ -916,6 +924,8 @@ def _speculative_decode(
     if ragged.cache is cache is not None:  # one row (not a sliding-window model): the caller's cache, as generate
         crop_cache_to(cache, len(rows[0]) - 1)  # leaves it: the sequence but its last token (a stop inside an
         kept = cache  # accepted run left the run's rest in it)
+        if carried and (state := session.carry_over()) is not None:  # for a call continuing from this cache
+            setattr(cache, CARRIED, state)
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats, cache=kept,
                              scores=_per_token(scores_out, generation_config),
                              logits=_per_token(logits_out, generation_config))

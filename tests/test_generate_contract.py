@@ -854,3 +854,86 @@ def test_one_rows_cache_is_plain_decodings_and_continues_exactly(num_tree_nodes)
     enabled = hf_spec.enable_drafters(copy.deepcopy(target))
     assert torch.equal(enabled.generate(input_ids=ids, max_new_tokens=10, do_sample=False, cache=prefix,
                                         prompt_lookup_num_tokens=3), fresh)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "hybrid", "sampled"])
+def test_a_continued_call_feeds_its_draft_model_only_what_its_cache_lacks(tiny, kind):
+    """A call continuing from the cache an earlier hf-spec call returned takes over that call's draft-model cache
+    (carried on the cache object): the draft is fed only the tokens it has not seen, not the whole conversation, on
+    both entry points, after the caller cropped and changed the conversation's tail, and the output stays plain
+    decoding's (greedy) or seeded-identical to the same call without the carried cache (sampled). What cannot
+    resume is ignored: another draft model, a draft cast since, a batch; a deep copy of the cache copies the draft's
+    cache, not the draft model; a pickled cache carries nothing."""
+    from transformers import DynamicCache
+
+    from hf_spec.drafters.draft_model import CarriedDraftCache, _common_prefix
+    from hf_spec.loop import CARRIED
+
+    target, draft = tiny
+    fed = []
+    hook = draft.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+
+    def make():
+        chain = hf_spec.DraftModelDrafter(draft, 4)
+        return hf_spec.HybridDrafter(chain) if kind == "hybrid" else chain
+
+    sample = kind == "sampled"
+    run = dict(do_sample=sample, **({"top_k": 5} if sample else {}), **({"num_tree_nodes": 6} if kind == "tree" else {}))
+
+    def turn(ids, cache, entry="custom_generate", drafter=None, seed=0):
+        fed.clear()
+        torch.manual_seed(seed)
+        drafter = drafter or make()
+        if entry == "custom_generate":
+            return target.generate(input_ids=ids, max_new_tokens=12, cache=cache, custom_generate=hf_spec.generate,
+                                   drafter=drafter, num_speculative_tokens=4, **run)
+        enabled = hf_spec.enable_drafters(copy.copy(target))
+        return enabled.generate(input_ids=ids, max_new_tokens=12, cache=cache, assistant_model=drafter,
+                                num_speculative_tokens=4, **run)
+
+    try:
+        cache = DynamicCache(config=target.config)
+        out = turn(PROMPT, cache)
+        carried = getattr(cache, CARRIED)
+        assert isinstance(carried, CarriedDraftCache) and carried.model() is draft
+        ids = torch.cat([out, torch.tensor([[4, 6, 8, 5]])], 1)
+        for entry in ("custom_generate", "assistant_model"):
+            mine = copy.deepcopy(cache)
+            assert getattr(mine, CARRIED).model() is draft  # the draft model is not copied with the cache
+            held = getattr(mine, CARRIED).tokens
+            spec = turn(ids, mine, entry)
+            # the first draft follows the target's first token of the call: the sequence is one longer than ids
+            assert fed[0] == ids.shape[1] + 1 - _common_prefix(held, ids[0]) < ids.shape[1] - PROMPT.shape[1], entry
+            if sample:  # the same seed without the carried cache: the same draws (the draft's cache is the same)
+                assert torch.equal(spec, turn(ids, DynamicCache(config=target.config), entry))
+            else:
+                assert torch.equal(spec, target.generate(input_ids=ids, max_new_tokens=12, do_sample=False)), entry
+            assert _common_prefix(getattr(mine, CARRIED).tokens, spec[0]) > ids.shape[1]  # this call's, for the next
+        # the caller crops the cache to a shorter shared prefix and changes the tail: rolled back, still exact
+        mine = copy.deepcopy(cache)
+        mine.crop(-3)
+        other = torch.cat([out[:, :-3], torch.tensor([[9, 9, 4, 6]])], 1)
+        held = getattr(mine, CARRIED).tokens
+        spec = turn(other, mine)
+        if kind != "hybrid":  # (the hybrid drafted this one from its suffix source alone)
+            assert fed[0] == other.shape[1] + 1 - _common_prefix(held, other[0]) <= 6
+        if not sample:
+            assert torch.equal(spec, target.generate(input_ids=other, max_new_tokens=12, do_sample=False))
+        # not resumed: another draft model (which leaves its own for the next call); a draft cast since
+        mine = copy.deepcopy(cache)
+        turn(ids, mine, drafter=hf_spec.DraftModelDrafter(target, 4))
+        assert fed == [] and getattr(mine, CARRIED).model() is target
+        mine, half = copy.deepcopy(cache), copy.deepcopy(draft).to(torch.float64)
+        kept = getattr(mine, CARRIED)
+        half_fed = []
+        half.register_forward_pre_hook(lambda m, a, kw: half_fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        turn(ids, mine, drafter=hf_spec.DraftModelDrafter(half, 4))
+        assert half_fed[0] == ids.shape[1] + 1 and getattr(mine, CARRIED) is not kept
+        # a batch decodes in a cache of its own: nothing carried in or out
+        batch_cache = DynamicCache(config=target.config)
+        target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=4, cache=batch_cache,
+                        custom_generate=hf_spec.generate, drafter=make(), **run)
+        assert getattr(batch_cache, CARRIED, None) is None
+        assert getattr(pickle.loads(pickle.dumps(cache)), CARRIED) is None
+    finally:
+        hook.remove()

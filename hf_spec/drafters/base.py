@@ -402,6 +402,25 @@ class Drafter:
         row's end). The default ignores it; a drafter that learns across calls (the suffix drafter's
         ``remember_outputs``) keeps them."""
 
+    def carry_over(self):
+        """What a later call that continues this call's sequence from its cache may reuse, or ``None`` (the default:
+        nothing); a draft model's drafter returns its own KV cache and the tokens it holds.
+
+        The loop asks after :meth:`finish` when a one-sequence call leaves its tokens in the caller's cache object
+        (``out.past_key_values``; docs/user-guide.md, "A second turn from the first turn's cache"), and keeps the
+        value on that object for the next call given it, which hands it to :meth:`resume`. The value lives as long
+        as the cache object and is copied with it (``copy.deepcopy`` of a prompt cache), so it must not hold a
+        strong reference to a model (:class:`weakref.ref` is copied as itself)."""
+        return None
+
+    def resume(self, carried) -> bool:
+        """Take over ``carried``, what an earlier call's :meth:`carry_over` returned, in a call that continues from
+        that call's cache (after :meth:`prepare`, before the first :meth:`draft`); return whether it was taken
+        (the default: ``False``). A drafter takes only what fits it (its own model, dtype and device, one row) and
+        must stay correct whatever the earlier call's tokens were: carried state saves work, and the target
+        verifies every draft either way."""
+        return False
+
     # ---- helpers for subclasses -----------------------------------------------------------------
     def choose(self, sequences: list[torch.LongTensor], logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
         """Pick each row's drafted token the way the target picks its own: the call's logits processors on

@@ -2,7 +2,8 @@
 
 The draft keeps its own KV cache across steps: after a verification it is cropped to the longest prefix
 it shares with the accepted sequence, and only the tokens it has not seen are fed next time (no
-re-prefill). Tokens are chosen the way the target chooses them: argmax under greedy decoding, or sampled
+re-prefill). A call that continues from the target's returned cache takes over the draft cache of the call that
+filled it (:meth:`DraftModelDrafter.carry_over`), so a second chat turn feeds the draft only the new turn. Tokens are chosen the way the target chooses them: argmax under greedy decoding, or sampled
 from the draft's logits after the call's logits processors, whose distribution is returned as q for
 speculative sampling (Leviathan et al. 2023).
 
@@ -13,9 +14,13 @@ EAGLE-2 reranks; the draft runs the chain's forwards only.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import math
 import os
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -28,7 +33,7 @@ from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
 
 logger = logging.getLogger("hf_spec")
 
-__all__ = ["DraftModelDrafter", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
+__all__ = ["DraftModelDrafter", "CarriedDraftCache", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
 
 #: :class:`DraftModelDrafter`'s ``confidence_threshold`` when none is given: a row stops drafting after a token its
 #: draft gave under this probability (docs/benchmarks.md, "The draft model's confidence stop")
@@ -37,6 +42,35 @@ DEFAULT_CONFIDENCE_THRESHOLD = 0.5
 #: the most tokens a chain node of a draft tree branches into (:meth:`DraftModelDrafter.tree_width`): its chain
 #: child and the draft's next likeliest tokens; a CPU's verify grows soon with the tree's width
 TREE_WIDTH = 8
+
+
+@dataclass
+class CarriedDraftCache:
+    """A draft model's KV cache kept from one call for the next that continues the same sequence
+    (:meth:`DraftModelDrafter.carry_over`): the loop keeps it on the target's returned cache object.
+
+    Attributes:
+        model: a weak reference to the draft model that filled it (a ``copy.deepcopy`` of the target's cache copies
+            this object, not the model).
+        dtype: the draft's dtype then, and ``device`` its device: a draft cast or moved since is not resumed.
+        ragged: the draft's :class:`~hf_spec.ragged.RaggedCache` (one row).
+        tokens: ``LongTensor[T]``, the tokens the cache holds (the sequence so far and drafts fed after it).
+    """
+
+    model: weakref.ref
+    dtype: torch.dtype
+    device: torch.device
+    ragged: RaggedCache
+    tokens: torch.LongTensor
+
+    def __copy__(self):
+        return dataclasses.replace(self)
+
+    def __deepcopy__(self, memo):  # a deep copy of the target's cache copies the draft's cache, not the draft model
+        return dataclasses.replace(self, ragged=copy.deepcopy(self.ragged, memo), tokens=self.tokens.clone())
+
+    def __reduce__(self):  # pickled with its cache (a weak reference cannot be): unpickled as nothing to resume
+        return type(None), ()
 
 
 class VocabularyMismatchError(ValueError):
@@ -196,6 +230,25 @@ class DraftModelDrafter(Drafter):
         if self._ragged is not None:
             self._ragged.select(rows)
             self._cached = [self._cached[int(r)] for r in rows]
+
+    def carry_over(self) -> "CarriedDraftCache | None":
+        """This call's draft cache and the tokens it holds (one row), for a call that continues from the target's
+        cache (:meth:`Drafter.carry_over`); ``None`` for a batch."""
+        if self._ragged is None or len(self._cached) != 1:
+            return None
+        return CarriedDraftCache(weakref.ref(self.draft_model), self.draft_model.dtype, self.device, self._ragged,
+                                 self._cached[0])
+
+    def resume(self, carried) -> bool:
+        """Take over an earlier call's draft cache (:meth:`carry_over`) where it came from this draft model in its
+        present dtype and device and this call has one row: :meth:`_catch_up` then rolls it back to the longest
+        prefix it shares with the sequence and feeds the draft only the rest, instead of the whole conversation."""
+        if (not isinstance(carried, CarriedDraftCache) or carried.model() is not self.draft_model
+                or carried.dtype != self.draft_model.dtype or carried.device != self.device
+                or self._ragged is None or len(self._cached) != 1 or carried.ragged.lengths.shape != (1,)):
+            return False
+        self._ragged, self._cached = carried.ragged, [carried.tokens]
+        return True
 
     def catch_up_cost(self, sequences) -> float:
         """The tokens the draft has not seen beyond the one every step feeds (B x the widest row: the block is

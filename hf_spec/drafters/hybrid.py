@@ -402,6 +402,12 @@ class HybridDrafter(Drafter):
         self._suffix.finish(outputs)
         self._model.finish(outputs)
 
+    def carry_over(self):  # the model drafter's (a draft model's cache); the suffix index is rebuilt per call
+        return self._model.carry_over()
+
+    def resume(self, carried) -> bool:
+        return self._model.resume(carried)
+
     def model_prior(self, do_sample: bool = False) -> float:
         """The prior first-token acceptance of the model's drafts in a new call: the share of this drafter's model
         drafts (per row) in its earlier calls (and this one so far) whose first token was accepted, greedy and
