@@ -38,8 +38,8 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import (RaggedCache, check_block_forward, check_cache_layers, check_key_selection, check_tree_model,
-                     crop_cache_to, positions_from_slots, slot_window, sliding_windows)
+from .ragged import (RaggedCache, can_hand_back, check_block_forward, check_cache_layers, check_key_selection,
+                     check_tree_model, crop_cache_to, positions_from_slots, slot_window, sliding_windows)
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -57,7 +57,8 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
             chose each emitted token, as plain ``generate`` reports them.
         logits: with ``output_logits=True``, the same for the unprocessed target logits.
         cache: for one sequence (B = 1) the call's ``DynamicCache`` in plain decoding's layout (every token but the
-            last), which plain ``generate`` can continue from; ``None`` for a batch and sliding-window models.
+            last; a window layer its last W - 1 of them), which plain ``generate`` can continue from; ``None`` for a
+            batch.
         stats: :class:`~hf_spec.metrics.SpecStats` of this call.
     """
 
@@ -123,7 +124,8 @@ def generate(
         ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
         every token but the last, as ``generate`` leaves it (a next call given it with the whole sequence as
         ``input_ids`` continues from it, as ``generate`` does; so does one given a prefix cache a forward filled);
-        ``None`` for a batch and for sliding-window models, whose cache passed in stays empty).
+        ``None`` for a batch, whose cache passed in stays empty; a sliding-window model decodes in full layers of
+        its own and hands its tokens to the cache passed at the end, window layers keeping their last W - 1).
 
     Raises:
         TypeError: ``drafter`` is not an hf-spec Drafter instance (a class, or a spec string: build it with
@@ -385,8 +387,8 @@ def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[i
     cache it returned or a prefix a forward filled (multi-turn prompt caching), whose prefill runs over the rest.
 
     Raises:
-        ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), a sliding-window model
-            (decoded in a cache that keeps every slot, which the window layers of the cache passed do not), left
+        ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), a sliding-window model's
+            cache with layers other than full and window ones (:func:`~hf_spec.ragged.can_hand_back`), left
             padding, a multimodal-RoPE model holding an image's position deltas, or as many tokens as ``input_ids``.
     """
     cached = cache.get_seq_length() if cache is not None else 0
@@ -401,11 +403,12 @@ def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[i
             f"the cache passed holds {cached} tokens and input_ids {input_ids.shape[1]}: continuing from a filled "
             "cache needs the whole sequence as input_ids, the cache holding its first tokens (as the cache "
             "generate returned, which holds every token but the last)")
-    if sliding_windows(DynamicCache(config=model.config)):
+    if sliding_windows(DynamicCache(config=model.config)) and not can_hand_back(cache) and \
+            not getattr(cache, "offloading", False):  # (an offloaded cache is refused apart, with its own advice)
         raise ValueError(
-            "continuing from a filled cache is not supported for a sliding-window model: hf-spec decodes it in a "
-            "cache of its own that keeps every slot (rejected drafts roll back past the window), which the "
-            f"window layers of the cache passed do not; {fix}")
+            f"continuing a sliding-window model from a {type(cache).__name__} with layers "
+            f"{sorted({type(layer).__name__ for layer in cache.layers})} is not supported: hf-spec takes over a "
+            f"DynamicCache of full and sliding-window layers only (as generate fills one); {fix}")
     if pad_len[0]:
         raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
                          "from input_ids and attention_mask")
@@ -757,7 +760,9 @@ def _speculative_decode(
             + ("; or decode one sequence per call with an offloaded cache" if ragged.window is None else ""))
     if cached:  # the cache holds the prompt's first tokens: the prefill runs over the rest, as plain generate's does
         ragged.continue_from(cached)
-    carried = ragged.cache is cache is not None and session is not None
+    # one row: the caller's cache gets the call's tokens (decoded in it, or handed back by a sliding-window model)
+    fills = cache is not None and (ragged.cache is cache or ragged.caller is cache)
+    carried = fills and session is not None
     if carried and session.resume(getattr(cache, CARRIED, None)):  # an earlier call's draft cache: taken off the
         vars(cache).pop(CARRIED, None)  # cache object, so a call that fails half-way leaves none behind
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
@@ -921,11 +926,13 @@ def _speculative_decode(
         remember_plain_times(model, bsz, input_ids.shape[1], controller.plain_times)
     logger.info("hf_spec: %s", stats.summary())
     kept = None
-    if ragged.cache is cache is not None:  # one row (not a sliding-window model): the caller's cache, as generate
-        crop_cache_to(cache, len(rows[0]) - 1)  # leaves it: the sequence but its last token (a stop inside an
-        kept = cache  # accepted run left the run's rest in it)
-        if carried and (state := session.carry_over()) is not None:  # for a call continuing from this cache
-            setattr(cache, CARRIED, state)
+    if ragged.cache is cache is not None:  # one row: the caller's cache as generate leaves it, the sequence but its
+        crop_cache_to(cache, len(rows[0]) - 1)  # last token (a stop inside an accepted run left the run's rest in it)
+        kept = cache
+    elif fills and ragged.hand_back(len(rows[0]) - 1):  # a sliding-window model decoded in full layers of its own
+        kept = cache
+    if kept is not None and carried and (state := session.carry_over()) is not None:  # for a call continuing from it
+        setattr(cache, CARRIED, state)
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats, cache=kept,
                              scores=_per_token(scores_out, generation_config),
                              logits=_per_token(logits_out, generation_config))

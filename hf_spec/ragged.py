@@ -32,13 +32,13 @@ import inspect
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation.utils import ALL_CACHE_NAMES
 
 from .kernels import measure_attention_choices, one_query_mask_pays, packed_attention, packed_attention_pays
 
-__all__ = ["RaggedCache", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg", "check_block_forward",
-           "check_tree_model", "positions_from_slots", "slot_window", "check_key_selection"]
+__all__ = ["RaggedCache", "can_hand_back", "crop_cache_to", "layer_kinds", "check_cache_layers", "cache_kwarg",
+           "check_block_forward", "check_tree_model", "positions_from_slots", "slot_window", "check_key_selection"]
 
 #: The cache keyword of this transformers' models: ``cache`` in newer 5.x (which still accept ``past_key_values``
 #: with a FutureWarning), ``past_key_values`` in older ones (5.17 silently ignores ``cache=``).
@@ -260,6 +260,19 @@ def sliding_windows(cache: DynamicCache) -> set[int]:
     return {layer.sliding_window for layer in cache.layers if getattr(layer, "sliding_window", None)}
 
 
+def can_hand_back(cache) -> bool:
+    """Whether a one-row call of a sliding-window model can continue from ``cache`` and leave its tokens in it
+    (:meth:`RaggedCache.hand_back`): a ``DynamicCache`` of full and window layers only (or none yet; ``DummyLayer``
+    s, which hold nothing, as Gemma 3n's shared-key layers, may sit among them), not offloaded."""
+    return (isinstance(cache, DynamicCache) and not getattr(cache, "offloading", False)
+            and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer, DummyLayer) for layer in cache.layers))
+
+
+def _holds(layer) -> bool:
+    """Whether a cache layer holds keys and values (not a ``DummyLayer``, nor a layer not filled yet)."""
+    return getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None
+
+
 class RaggedCache:
     """A ``DynamicCache`` whose rows hold sequences of different lengths, with holes where tokens were rejected.
 
@@ -275,8 +288,10 @@ class RaggedCache:
         config: the model config (for ``DynamicCache(config=...)``, which tells which layers slide).
         batch_size: B.
         device: where the masks live (the model's device).
-        cache: an empty ``DynamicCache`` whose layer types are used (e.g. the one ``generate`` prepared); a new
-            one when ``None``. A sliding-window cache is replaced by one of full layers.
+        cache: a ``DynamicCache`` whose layer types are used (e.g. the one ``generate`` prepared, or one a caller
+            continues from: :meth:`continue_from`); a new one when ``None``. A sliding-window model decodes in a
+            cache of full layers of its own; for one row it takes over the caller's (:meth:`continue_from`) and
+            hands the result back (:meth:`hand_back`) where :func:`can_hand_back` says it can.
         role: ``"target"`` or ``"draft"``: whose cache this is, for the refusal's advice (:func:`check_cache_layers`).
 
     Raises:
@@ -287,6 +302,8 @@ class RaggedCache:
 
     Attributes:
         cache: the wrapped ``DynamicCache``.
+        caller: for one row of a sliding-window model, the caller's cache that :meth:`hand_back` fills, else
+            ``None``.
         valid: ``BoolTensor[B, T]``, which cache slots hold tokens of the row's sequence.
         lengths: ``LongTensor[B]``, the number of valid slots per row (the next position id).
         window: the sliding window W in tokens, or ``None``.
@@ -302,6 +319,8 @@ class RaggedCache:
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
+        self.caller: DynamicCache | None = None
+        self._handed = 0  # the slots the caller's cache holds (continue_from, hand_back)
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
         self._prompted = False  # whether a forward ran (the first is the prompt's, after any continue_from)
         self._one_query: bool | None = None  # one-position blocks with a 4D mask (_one_query_mask)
@@ -318,6 +337,8 @@ class RaggedCache:
                     "position-based masks of one window size for 'sdpa' or 'eager' attention only; load the model "
                     "with attn_implementation='sdpa'")
             self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in reference.layers]
+            if batch_size == 1 and cache is not reference and can_hand_back(cache):
+                self.caller = cache
             cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
         self.cache = cache
 
@@ -327,8 +348,41 @@ class RaggedCache:
         tokens, so the next :meth:`forward` runs over the rest of the prompt at positions from ``length`` on."""
         if self.valid.shape[1]:
             raise RuntimeError("continue_from() comes before any forward")
+        if self.caller is not None:  # a sliding-window model: the caller's layers become this cache's full ones
+            for i, layer in enumerate(self.caller.layers):
+                if not _holds(layer):  # a DummyLayer (its model reads another layer's keys and values)
+                    continue
+                keys, values = layer.keys, layer.values
+                dropped = length - keys.shape[-2]
+                if dropped < 0 or (dropped and not getattr(layer, "sliding_window", None)):
+                    raise ValueError(f"the cache passed holds {keys.shape[-2]} positions in layer {i} and {length} in "
+                                     "its first: pass a cache filled by this model's forwards")
+                if dropped:  # the positions a window layer dropped: zeros that no later query reads (a query at
+                    # position p >= length sees p - W < q on sliding layers, the W - 1 positions the layer kept)
+                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], dropped, keys.shape[-1]), keys], dim=-2)
+                    values = torch.cat([values.new_zeros(*values.shape[:-2], dropped, values.shape[-1]), values],
+                                       dim=-2)
+                self.cache.update(keys, values, i)
+            self._handed = length
         self.valid = torch.ones(self.valid.shape[0], length, dtype=torch.bool, device=self.valid.device)
         self.lengths = torch.full_like(self.lengths, length)
+
+    def hand_back(self, length: int) -> bool:
+        """(One row of a sliding-window model, :attr:`caller` set.) Give the caller's cache this row's first
+        ``length`` slots: each of its layers gets the slots it does not hold through its own ``update``, so a
+        window layer keeps its last W - 1 positions as ``generate`` leaves it and plain decoding can continue
+        from it. Returns ``False``, and leaves the caller's cache as it was, where its layers do not match this
+        cache's one to one (a model that adds cache layers of its own on the first forward, as Dory's loops do)."""
+        filled = [i for i, layer in enumerate(self.cache.layers) if _holds(layer)]
+        if self.caller.layer_class_to_replicate is None and \
+                filled != [i for i, layer in enumerate(self.caller.layers) if type(layer) is not DummyLayer]:
+            return False
+        if length > self._handed:
+            for i in filled:
+                layer = self.cache.layers[i]
+                self.caller.update(layer.keys[:, :, self._handed:length], layer.values[:, :, self._handed:length], i)
+            self._handed = length
+        return True
 
     def _masks(self, model, position_ids: torch.Tensor, within: torch.Tensor | None = None):
         """4D masks for the last ``n`` slots' queries, in the attention implementation's format: a tensor

@@ -95,3 +95,29 @@ def test_left_padded_batch_past_the_window_greedy_identical(gemma3, articles, se
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
                              custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=drafter)
         assert_identical(model, out.sequences, base, mask, f"batch {name}")
+
+
+def test_a_second_turn_past_the_window_continues_from_the_first_turns_cache(gemma3, articles, self_draft):
+    """Multi-turn prompt caching past the window: the first turn (530 prompt tokens) leaves its tokens in the cache
+    passed, as generate does (window layers holding their last 511 positions); the second turn continues from it on
+    hf-spec with the draft model's cache carried over, the same tokens as plain generate continuing from a copy."""
+    import copy
+
+    from transformers import DynamicCache
+
+    model, _ = gemma3
+    ids = articles[0][:, :530]
+    cache = DynamicCache(config=model.config)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False, cache=cache,
+                         custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                         drafter=hf_spec.DraftModelDrafter(self_draft, 3))
+    assert out.cache is cache and cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert cache.layers[0].keys.shape[-2] == model.config.sliding_window - 1  # a window layer, as generate leaves it
+    ids2 = torch.cat([out.sequences, articles[1][:, 1:20]], 1)  # the next turn: more text after the first
+    mask = torch.ones_like(ids2)
+    base = model.generate(ids2, attention_mask=mask, max_new_tokens=NEW, do_sample=False, cache=copy.deepcopy(cache))
+    spec = model.generate(ids2, attention_mask=mask, max_new_tokens=NEW, do_sample=False, cache=cache,
+                          custom_generate=hf_spec.generate, return_dict_in_generate=True,
+                          drafter=hf_spec.DraftModelDrafter(self_draft, 3))
+    assert_identical(model, spec.sequences, base, mask, "second turn")
+    assert spec.cache is cache and spec.stats.num_accepted_tokens > 0

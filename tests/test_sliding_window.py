@@ -4,11 +4,16 @@ exact within and past the window, unbatched and in a left-padded batch whose rej
 (before, the first rollback past the window crashed inside transformers: "crop was called, but the current
 layer does not track past states"; counting the window in cache slots, holes would shrink it)."""
 
+import copy
+
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM
+from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
 import hf_spec
+from hf_spec.ragged import sliding_windows
+
+from . import conformance as C
 
 from .test_medusa import random_heads
 
@@ -96,9 +101,10 @@ def test_a_callers_empty_cache_keeps_the_window_masks_and_the_refusals():
     out = target.generate(input_ids=BATCH, attention_mask=BATCH_MASK, max_new_tokens=20, do_sample=False,
                           custom_generate=hf_spec.generate, return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **{kwarg: DynamicCache()})
     assert out.sequences.tolist() == ref.tolist()
-    filled = DynamicCache(config=target.config)  # generate's continuation: its window layers dropped slots
+    filled = DynamicCache(config=target.config)  # a cache of layers hf-spec cannot take over: refused, saying why
     target(input_ids=PROMPT[:, :3], **{kwarg: filled})
-    with pytest.raises(ValueError, match="filled cache is not supported for a sliding-window model"):
+    filled.layers[0].__class__ = type("MyWindowLayer", (type(filled.layers[0]),), {})
+    with pytest.raises(ValueError, match="layers of kind MyWindowLayer.*plain model.generate"):
         target.generate(PROMPT, max_new_tokens=4, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3),
                         **{kwarg: filled})
     chunked = C.build(next(a for a in C.ARCHITECTURES if a.refusal == "chunked_attention"))
@@ -117,3 +123,48 @@ def test_linear_attention_with_a_window_is_not_taken_for_a_sliding_window():
     cfg = inkling.InklingTextConfig(num_hidden_layers=2, local_layer_ids=[0, 1])
     with pytest.raises(ValueError, match="layers of kind"):
         check_cache_layers(cfg, DynamicCache(config=cfg))
+
+
+SLIDING = [a for a in C.ARCHITECTURES if not a.refused("single", "draft model") and
+           sliding_windows(DynamicCache(config=a.config()))]
+
+
+@pytest.mark.parametrize("arch", SLIDING, ids=lambda a: a.name)
+def test_a_sliding_window_conversation_continues_from_its_cache_on_every_architecture(arch):
+    """Multi-turn prompt caching on every sliding-window architecture of the conformance matrix, past the window:
+    hf-spec hands the caller's cache back as generate leaves it (window layers holding their last W - 1 positions;
+    it returned ``None`` and refused a filled cache before), plain generate continues exactly from it, and hf-spec
+    continues exactly from its own cache and from plain generate's. Dory adds cache layers of its own on its first
+    forward, so a first call leaves no cache there; it continues from plain generate's."""
+    target, draft = C.build(arch), C.build(arch, noise=C.DRAFT_NOISE)
+    ids = torch.tensor([C.PROMPT])
+    run = dict(max_new_tokens=12, do_sample=False)
+
+    def spec(ids, cache):
+        return target.generate(ids, attention_mask=torch.ones_like(ids), cache=cache, custom_generate=hf_spec.generate,
+                               return_dict_in_generate=True, drafter=C.make_drafter("draft model", target, draft, 3), **run)
+
+    plain_cache = DynamicCache(config=target.config)
+    plain = target.generate(ids, attention_mask=torch.ones_like(ids), cache=plain_cache, **run)
+    ids2 = torch.cat([plain, torch.tensor([[4, 6, 8]])], 1)
+    assert ids2.shape[1] > C.WINDOW
+    fresh = target.generate(ids2, attention_mask=torch.ones_like(ids2), **run)
+    cache = DynamicCache(config=target.config)
+    out = spec(ids, cache)
+    assert torch.equal(out.sequences, plain)
+    if arch.name.startswith("Dory"):
+        assert out.cache is None
+    else:
+        assert out.cache is cache and out.stats.num_accepted_tokens > 0
+        for mine, theirs in zip(cache.layers, plain_cache.layers):
+            assert type(mine) is type(theirs) and getattr(mine, "cumulative_length", None) == \
+                getattr(theirs, "cumulative_length", None)
+            if theirs.keys is not None:  # float noise of other block shapes only (a wrong slot differs by O(1))
+                torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-3, atol=1e-4)
+        assert torch.equal(target.generate(ids2, attention_mask=torch.ones_like(ids2), cache=copy.deepcopy(cache),
+                                           **run), fresh)
+        again = spec(ids2, cache)
+        assert torch.equal(again.sequences, fresh) and again.cache is cache
+        assert cache.get_seq_length() == fresh.shape[1] - 1
+    from_plain = spec(ids2, plain_cache)
+    assert torch.equal(from_plain.sequences, fresh) and from_plain.cache is plain_cache

@@ -3,9 +3,10 @@
 The draft keeps its own KV cache across steps: after a verification it is cropped to the longest prefix
 it shares with the accepted sequence, and only the tokens it has not seen are fed next time (no
 re-prefill). A call that continues from the target's returned cache takes over the draft cache of the call that
-filled it (:meth:`DraftModelDrafter.carry_over`), so a second chat turn feeds the draft only the new turn. Tokens are chosen the way the target chooses them: argmax under greedy decoding, or sampled
-from the draft's logits after the call's logits processors, whose distribution is returned as q for
-speculative sampling (Leviathan et al. 2023).
+filled it (:meth:`DraftModelDrafter.carry_over`), so a second chat turn feeds the draft only the new turn.
+Tokens are chosen the way the target chooses them: argmax under greedy decoding, or sampled from the draft's
+logits after the call's logits processors, whose distribution is returned as q for speculative sampling
+(Leviathan et al. 2023).
 
 With ``num_tree_nodes=N`` in the call it drafts a tree instead (:meth:`DraftModelDrafter.draft_tree`): the chain
 it would draft, each token with the draft's next likeliest tokens beside it, reranked by cumulative probability as
