@@ -66,7 +66,9 @@ class SpeculativeOutput(GenerateDecoderOnlyOutput):
 
 
 #: the attribute of a caller's cache object under which a one-sequence call leaves its drafter's
-#: :meth:`~hf_spec.drafters.base.Drafter.carry_over` (a draft model's own cache) for the next call given that object
+#: :meth:`~hf_spec.drafters.base.Drafter.carry_over` (a draft model's own cache) for the next call given that object;
+#: a call whose drafter carries nothing (or that has none) removes it, and so may a user:
+#: ``vars(cache).pop(hf_spec.loop.CARRIED, None)``
 CARRIED = "_hf_spec_carried"
 
 
@@ -762,9 +764,8 @@ def _speculative_decode(
         ragged.continue_from(cached)
     # one row: the caller's cache gets the call's tokens (decoded in it, or handed back by a sliding-window model)
     fills = cache is not None and (ragged.cache is cache or ragged.caller is cache)
-    carried = fills and session is not None
-    if carried and session.resume(getattr(cache, CARRIED, None)):  # an earlier call's draft cache: taken off the
-        vars(cache).pop(CARRIED, None)  # cache object, so a call that fails half-way leaves none behind
+    if fills and session is not None and session.resume(getattr(cache, CARRIED, None)):  # an earlier call's draft
+        vars(cache).pop(CARRIED, None)  # cache, taken off the cache object: a call that fails half-way leaves none
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
@@ -931,8 +932,12 @@ def _speculative_decode(
         kept = cache
     elif fills and ragged.hand_back(len(rows[0]) - 1):  # a sliding-window model decoded in full layers of its own
         kept = cache
-    if kept is not None and carried and (state := session.carry_over()) is not None:  # for a call continuing from it
-        setattr(cache, CARRIED, state)
+    if kept is not None:  # what the drafter carries to a call continuing from this cache; none drops an earlier
+        state = session.carry_over() if session is not None else None  # call's (a draft cache would linger)
+        if state is not None:
+            setattr(cache, CARRIED, state)
+        else:
+            vars(cache).pop(CARRIED, None)
     return SpeculativeOutput(sequences=_right_pad(rows, generation_config), stats=stats, cache=kept,
                              scores=_per_token(scores_out, generation_config),
                              logits=_per_token(logits_out, generation_config))

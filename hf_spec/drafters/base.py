@@ -408,7 +408,8 @@ class Drafter:
 
         The loop asks after :meth:`finish` when a one-sequence call leaves its tokens in the caller's cache object
         (``out.past_key_values``; docs/user-guide.md, "A second turn from the first turn's cache"), and keeps the
-        value on that object for the next call given it, which hands it to :meth:`resume`. The value lives as long
+        value on that object for the next call given it, which hands it to :meth:`resume` (where this returns
+        ``None`` the loop removes what an earlier call left there). The value lives as long
         as the cache object and is copied with it (``copy.deepcopy`` of a prompt cache), so it must not hold a
         strong reference to a model (:class:`weakref.ref` is copied as itself)."""
         return None
