@@ -409,15 +409,15 @@ class Drafter:
         The loop asks after :meth:`finish` when a one-sequence call leaves its tokens in the caller's cache object
         (``out.past_key_values``; docs/user-guide.md, "A second turn from the first turn's cache"), and keeps the
         value on that object for the next call given it, which hands it to :meth:`resume` (where this returns
-        ``None`` the loop removes what an earlier call left there). The value lives as long
-        as the cache object and is copied with it (``copy.deepcopy`` of a prompt cache), so it must not hold a
-        strong reference to a model (:class:`weakref.ref` is copied as itself)."""
+        ``None`` the loop removes what an earlier call left there). The value lives as long as the cache object and
+        is copied with it (``copy.deepcopy`` of a prompt cache), so it must not hold a strong reference to a model
+        (:class:`weakref.ref` is copied as itself)."""
         return None
 
     def resume(self, carried) -> bool:
         """Take over ``carried``, what an earlier call's :meth:`carry_over` returned, in a call that continues from
         that call's cache (after :meth:`prepare`, before the first :meth:`draft`); return whether it was taken
-        (the default: ``False``). A drafter takes only what fits it (its own model, dtype and device, one row) and
+        (the default: ``False``). A drafter takes only what fits it (its own model with the same weights, one row) and
         must stay correct whatever the earlier call's tokens were: carried state saves work, and the target
         verifies every draft either way."""
         return False

@@ -35,7 +35,8 @@ from .base import DEFAULT_NUM_SPECULATIVE_TOKENS, Drafter, logit_rows
 
 logger = logging.getLogger("hf_spec")
 
-__all__ = ["DraftModelDrafter", "CarriedDraftCache", "weights_version", "VocabularyMismatchError", "TREE_WIDTH", "DEFAULT_CONFIDENCE_THRESHOLD"]
+__all__ = ["DraftModelDrafter", "CarriedDraftCache", "weights_version", "VocabularyMismatchError", "TREE_WIDTH",
+           "DEFAULT_CONFIDENCE_THRESHOLD"]
 
 #: :class:`DraftModelDrafter`'s ``confidence_threshold`` when none is given: a row stops drafting after a token its
 #: draft gave under this probability (docs/benchmarks.md, "The draft model's confidence stop")
@@ -80,8 +81,15 @@ class CarriedDraftCache:
 def weights_version(model) -> int:
     """A number that changes when ``model``'s weights do: a hash of each parameter's and buffer's storage address,
     dtype and in-place version counter (``Tensor._version``, which ``copy_``, ``load_state_dict`` and other in-place
-    edits raise); a cast, a move or a quantization makes new tensors. Reads no weights (~0.1 ms for a 0.5B draft)."""
-    return hash(tuple((t.data_ptr(), t.dtype, t._version) for t in (*model.parameters(), *model.buffers())))
+    edits raise; tensors made under ``torch.inference_mode`` count none); a cast, a move or a quantization makes new
+    tensors. Reads no weights (~0.1 ms for a 0.5B draft)."""
+    def version(t: torch.Tensor) -> int:
+        try:
+            return t._version
+        except RuntimeError:  # an inference tensor
+            return -1
+
+    return hash(tuple((t.data_ptr(), t.dtype, version(t)) for t in (*model.parameters(), *model.buffers())))
 
 
 class VocabularyMismatchError(ValueError):
