@@ -948,5 +948,10 @@ def test_a_continued_call_feeds_its_draft_model_only_what_its_cache_lacks(tiny, 
         assert loaded.get_seq_length() == cache.get_seq_length() and getattr(loaded, CARRIED).numel() == 0
         if not sample:  # and continues as the cache it was saved from
             assert torch.equal(turn(ids, loaded), turn(ids, copy.deepcopy(cache)))
+        with torch.inference_mode():  # a draft made there keeps no version counters: carried and resumed as well
+            made_there = tiny_pair()[1]
+        mine = DynamicCache(config=target.config)
+        turn(PROMPT, mine, drafter=hf_spec.DraftModelDrafter(made_there, 4))
+        assert getattr(mine, CARRIED).model() is made_there
     finally:
         hook.remove()
