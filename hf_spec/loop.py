@@ -359,7 +359,8 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
     if cache is not None and not isinstance(cache, DynamicCache):
         implementation = getattr(generation_config, "cache_implementation", None)
         if not implementation:
-            given, fix = f"past_key_values={type(cache).__name__}(...)", "drop past_key_values"
+            given, fix = (f"a {type(cache).__name__} passed as the cache (cache= or past_key_values=)",
+                          "pass a DynamicCache or none")
         elif getattr(model.generation_config, "cache_implementation", None) == implementation:  # the model's own
             given = (f"cache_implementation={implementation!r} (a {type(cache).__name__}), set in the model's "
                      "generation_config (as torch.compile recipes do)")
