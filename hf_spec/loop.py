@@ -38,8 +38,8 @@ from .kernels import extra_rows, install_verify_linear, measuring_seconds, route
 from .metrics import SpecStats
 from .quantization import bitsandbytes_bf16_layers
 from .processors import process_scores, reads_sequences, row_processors
-from .ragged import (RaggedCache, can_hand_back, check_block_forward, check_cache_layers, check_key_selection,
-                     check_tree_model, crop_cache_to, positions_from_slots, slot_window, sliding_windows)
+from .ragged import (RaggedCache, check_block_forward, check_cache_layers, check_key_selection, check_tree_model,
+                     crop_cache_to, positions_from_slots, slot_window)
 
 __all__ = ["generate", "SpeculativeOutput", "speculative_decode", "plan_num_speculative_tokens", "generated_length"]
 
@@ -390,9 +390,8 @@ def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[i
     cache it returned or a prefix a forward filled (multi-turn prompt caching), whose prefill runs over the rest.
 
     Raises:
-        ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), a sliding-window model's
-            cache with layers other than full and window ones (:func:`~hf_spec.ragged.can_hand_back`), left
-            padding, a multimodal-RoPE model holding an image's position deltas, or as many tokens as ``input_ids``.
+        ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), left padding, a
+            multimodal-RoPE model holding an image's position deltas, or as many tokens as ``input_ids``.
     """
     cached = cache.get_seq_length() if cache is not None else 0
     if not cached:
@@ -406,12 +405,6 @@ def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[i
             f"the cache passed holds {cached} tokens and input_ids {input_ids.shape[1]}: continuing from a filled "
             "cache needs the whole sequence as input_ids, the cache holding its first tokens (as the cache "
             "generate returned, which holds every token but the last)")
-    if sliding_windows(DynamicCache(config=model.config)) and not can_hand_back(cache) and \
-            not getattr(cache, "offloading", False):  # (an offloaded cache is refused apart, with its own advice)
-        raise ValueError(
-            f"continuing a sliding-window model from a {type(cache).__name__} with layers "
-            f"{sorted({type(layer).__name__ for layer in cache.layers})} is not supported: hf-spec takes over a "
-            f"DynamicCache of full and sliding-window layers only (as generate fills one); {fix}")
     if pad_len[0]:
         raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
                          "from input_ids and attention_mask")
