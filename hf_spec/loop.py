@@ -749,7 +749,7 @@ def _speculative_decode(
     ragged = RaggedCache(model.config, bsz, device, cache if bsz == 1 else None)
     if cache is not None and getattr(cache, "offloading", False) and ragged.cache is not cache:
         own = ("a batch in a per-row cache of its own" if bsz > 1 else "a sliding-window model in a cache of its own "
-               "that keeps every slot (rejected drafts roll back past the window)")
+               "whose window layers keep positions past the window (rejected drafts roll back exactly)")
         raise ValueError(
             f"cache_implementation='offloaded' (layers offloaded to the CPU between forwards): hf-spec decodes {own}, "
             "which does not offload, so the memory you chose to save would be spent; drop cache_implementation"
@@ -924,7 +924,7 @@ def _speculative_decode(
     if ragged.cache is cache is not None:  # one row: the caller's cache as generate leaves it, the sequence but its
         crop_cache_to(cache, len(rows[0]) - 1)  # last token (a stop inside an accepted run left the run's rest in it)
         kept = cache
-    elif fills and ragged.hand_back(len(rows[0]) - 1):  # a sliding-window model decoded in full layers of its own
+    elif fills and ragged.hand_back(len(rows[0]) - 1):  # a sliding-window model decoded in a cache of its own
         kept = cache
     if kept is not None:  # what the drafter carries to a call continuing from this cache; none drops an earlier
         state = session.carry_over() if session is not None else None  # call's (a draft cache would linger)

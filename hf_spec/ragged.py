@@ -120,6 +120,12 @@ def check_cache_layers(config, cache, role: str = "target") -> None:
             f"states; {advice}")
 
 
+#: Positions a sliding-window layer of :class:`RaggedCache` keeps beyond its window W, besides the largest block of
+#: tokens fed after the prompt: a rollback of up to that many positions below the last :meth:`RaggedCache.truncate`
+#: (a drafter's cache resumed for a conversation whose text differs near its end, the caller's cache handed back
+#: at a stop inside the last step's accepted tokens) still finds every key its window reads.
+WINDOW_SLACK = 64
+
 #: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
 #: ``sdpa`` takes a boolean mask (True = attend), ``eager`` an additive float mask.
 WINDOW_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -278,11 +284,16 @@ class RaggedCache:
 
     Sliding-window models (Mistral, Gemma 2/3, Phi-3, Qwen2 with ``use_sliding_window``): a rolled-back cache
     needs the slots a ``DynamicSlidingWindowLayer`` drops, and transformers' window counts cache slots, which a
-    batch's holes would shrink. So such a model gets a cache of full layers (it keeps every position, like a
-    full-attention model's) and 4D masks built here with the window counted in each row's positions: a query at
-    position p sees its row's valid slots at positions p - W < q <= p on sliding layers (transformers'
-    ``sliding_window_overlay``), everything causal on full ones. Exact at any length, for the ``sdpa`` and
-    ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
+    batch's holes would shrink. So such a model gets a cache of ``DynamicLayer`` s and 4D masks built here with the
+    window counted in each row's positions: a query at position p sees its row's valid slots at positions
+    p - W < q <= p on sliding layers (transformers' ``sliding_window_overlay``), everything causal on full ones.
+    A sliding layer drops its oldest slots after the prompt's forward and at each :meth:`truncate` once no row can
+    read them again (no caller rolls a prompt back, nor a sequence below the last truncate): those of
+    positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest block fed
+    after the prompt), so it holds about W + slack slots however long the sequence, as transformers' own window
+    layer holds W - 1 (a Gemma 3 model's five window layers of six hold 512-1,024 slots, not the whole context);
+    full layers keep every slot (and every layer of a model that adds cache layers of its own, as Dory's loops do).
+    Exact at any length, for the ``sdpa`` and ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
 
     Args:
         config: the model config (for ``DynamicCache(config=...)``, which tells which layers slide).
@@ -290,7 +301,7 @@ class RaggedCache:
         device: where the masks live (the model's device).
         cache: a ``DynamicCache`` whose layer types are used (e.g. the one ``generate`` prepared, or one a caller
             continues from: :meth:`continue_from`); a new one when ``None``. A sliding-window model decodes in a
-            cache of full layers of its own; for one row it takes over the caller's (:meth:`continue_from`) and
+            cache of ``DynamicLayer`` s of its own; for one row it takes over the caller's (:meth:`continue_from`) and
             hands the result back (:meth:`hand_back`) where :func:`can_hand_back` says it can.
         role: ``"target"`` or ``"draft"``: whose cache this is, for the refusal's advice (:func:`check_cache_layers`).
 
@@ -307,6 +318,8 @@ class RaggedCache:
         valid: ``BoolTensor[B, T]``, which cache slots hold tokens of the row's sequence.
         lengths: ``LongTensor[B]``, the number of valid slots per row (the next position id).
         window: the sliding window W in tokens, or ``None``.
+        dropped: the leading cache slots the sliding layers no longer hold (0 without a window): slot s of the
+            cache is index ``s - dropped`` of a sliding layer's keys and values, index s of a full layer's.
     """
 
     def __init__(self, config, batch_size: int, device, cache: DynamicCache | None = None, role: str = "target"):
@@ -319,6 +332,8 @@ class RaggedCache:
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
+        self.dropped = 0  # leading slots the sliding layers dropped (_drop_out_of_window)
+        self._slack = WINDOW_SLACK  # positions kept past the window: WINDOW_SLACK + the largest block after the prompt
         self.caller: DynamicCache | None = None
         self._handed = 0  # the slots the caller's cache holds (continue_from, hand_back)
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
@@ -339,29 +354,39 @@ class RaggedCache:
             self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in reference.layers]
             if batch_size == 1 and cache is not reference and can_hand_back(cache):
                 self.caller = cache
-            cache = DynamicCache()  # full layers, created on first use: rollbacks need every slot
+            cache = DynamicCache()  # DynamicLayers, created on first use: rollbacks need slots past the window
         self.cache = cache
 
     def continue_from(self, length: int) -> None:
         """Take the ``length`` slots the wrapped cache already holds (one row, no holes: a prompt's first tokens,
         as ``generate`` continues from a cache it returned or a prefix filled by a forward) as the row's first
-        tokens, so the next :meth:`forward` runs over the rest of the prompt at positions from ``length`` on."""
+        tokens, so the next :meth:`forward` runs over the rest of the prompt at positions from ``length`` on. For a
+        sliding-window model the caller's layers are copied in: full layers whole, window layers as they are (the
+        positions they dropped count as :attr:`dropped` slots).
+
+        Raises:
+            ValueError: a layer of the caller's cache holds more positions than ``length``, or a full layer fewer."""
         if self.valid.shape[1]:
             raise RuntimeError("continue_from() comes before any forward")
-        if self.caller is not None:  # a sliding-window model: the caller's layers become this cache's full ones
-            for i, layer in enumerate(self.caller.layers):
-                if not _holds(layer):  # a DummyLayer (its model reads another layer's keys and values)
-                    continue
+        if self.caller is not None:  # a sliding-window model: the caller's layers become this cache's
+            held = {i: layer for i, layer in enumerate(self.caller.layers) if _holds(layer)}  # not DummyLayers
+            for i, layer in held.items():
+                gone = length - layer.keys.shape[-2]
+                if gone < 0 or (gone and not getattr(layer, "sliding_window", None)):
+                    raise ValueError(f"the cache passed holds {layer.keys.shape[-2]} positions in layer {i} and "
+                                     f"{length} in its first: pass a cache filled by this model's forwards")
+            # the positions the window layers dropped stay dropped (a query at position p >= length reads p - W < q
+            # there, the W - 1 positions they kept); a window layer that kept more than the others gets zeros, and
+            # so does every one of a cache with layers the config does not list (Dory's loops: _drop_out_of_window)
+            known = len(self.caller.layers) <= len(self._sliding)
+            self.dropped = min((length - layer.keys.shape[-2] for i, layer in held.items() if self._sliding[i]),
+                               default=0) if known else 0
+            for i, layer in held.items():
                 keys, values = layer.keys, layer.values
-                dropped = length - keys.shape[-2]
-                if dropped < 0 or (dropped and not getattr(layer, "sliding_window", None)):
-                    raise ValueError(f"the cache passed holds {keys.shape[-2]} positions in layer {i} and {length} in "
-                                     "its first: pass a cache filled by this model's forwards")
-                if dropped:  # the positions a window layer dropped: zeros that no later query reads (a query at
-                    # position p >= length sees p - W < q on sliding layers, the W - 1 positions the layer kept)
-                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], dropped, keys.shape[-1]), keys], dim=-2)
-                    values = torch.cat([values.new_zeros(*values.shape[:-2], dropped, values.shape[-1]), values],
-                                       dim=-2)
+                pad = length - keys.shape[-2] - self._offset(i)
+                if pad:
+                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], pad, keys.shape[-1]), keys], dim=-2)
+                    values = torch.cat([values.new_zeros(*values.shape[:-2], pad, values.shape[-1]), values], dim=-2)
                 self.cache.update(keys, values, i)
             self._handed = length
         self.valid = torch.ones(self.valid.shape[0], length, dtype=torch.bool, device=self.valid.device)
@@ -379,10 +404,21 @@ class RaggedCache:
             return False
         if length > self._handed:
             for i in filled:
-                layer = self.cache.layers[i]
-                self.caller.update(layer.keys[:, :, self._handed:length], layer.values[:, :, self._handed:length], i)
+                layer, offset = self.cache.layers[i], self._offset(i)
+                keys, values = layer.keys[:, :, max(self._handed - offset, 0):length - offset], \
+                    layer.values[:, :, max(self._handed - offset, 0):length - offset]
+                missing = min(offset, length) - self._handed  # slots a sliding layer dropped (older than the caller's window
+                if missing > 0:  # keeps: WINDOW_SLACK): zeros, which its update drops at once
+                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], missing, keys.shape[-1]), keys], dim=-2)
+                    values = torch.cat([values.new_zeros(*values.shape[:-2], missing, values.shape[-1]), values], dim=-2)
+                self.caller.update(keys, values, i)
             self._handed = length
         return True
+
+    def _offset(self, layer: int) -> int:
+        """Where slot 0 of the cache's layer ``layer`` sits among the cache's slots: :attr:`dropped` for a sliding
+        layer, 0 for a full one."""
+        return self.dropped if layer < len(self._sliding) and self._sliding[layer] else 0
 
     def _masks(self, model, position_ids: torch.Tensor, within: torch.Tensor | None = None):
         """4D masks for the last ``n`` slots' queries, in the attention implementation's format: a tensor
@@ -413,9 +449,9 @@ class RaggedCache:
         slots = torch.arange(total, device=seen.device)
         own = slots[None, :] == slots[total - n:, None]  # [n, T]
         masks = {"full_attention": seen | own}
-        if self.window is not None:
+        if self.window is not None:  # over the slots the sliding layers still hold
             in_window = position_ids[:, :, None] - key_positions[:, None, :] < self.window
-            masks["sliding_attention"] = (seen & in_window) | own
+            masks["sliding_attention"] = ((seen & in_window) | own)[:, :, self.dropped:]
         if model.config.get_text_config()._attn_implementation == "eager":
             dtype = model.dtype
             masks = {kind: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
@@ -460,7 +496,10 @@ class RaggedCache:
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         n, cached = block.shape[1], self.valid.shape[1] > 0
-        if not self._prompted:  # a prompt: the attention choices are measured here, not inside a timed decoding step
+        if cached:  # a block after the prompt: a stop inside it may hand back slots up to its start (hand_back)
+            self._slack = max(self._slack, WINDOW_SLACK + n)
+        prompt = not self._prompted
+        if prompt:  # a prompt: the attention choices are measured here, not inside a timed decoding step
             measure_attention_choices(model.config, model.dtype, self.valid.device)
             self._prompted = True
         self.valid = torch.cat([self.valid, block_valid], dim=1)
@@ -474,6 +513,8 @@ class RaggedCache:
             out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
                         logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
+        if prompt:  # nothing rolls a prompt back: its slots out of the window go now, not at the first truncate
+            self._drop_out_of_window()
         return out
 
     def _one_query_mask(self, model) -> bool:
@@ -532,13 +573,14 @@ class RaggedCache:
         index = torch.zeros(self.valid.shape[0], width, dtype=torch.long, device=self.valid.device)
         if depth:
             index[:, 1:1 + depth] = (path.to(index.device) + 1).clamp(min=0)
-        for layer in self.cache.layers:
+        for i, layer in enumerate(self.cache.layers):
             if getattr(layer, "keys", None) is None:  # a DummyLayer holds nothing (SUPPORTED_LAYER_KINDS)
                 continue
+            first = start - self._offset(i)  # the block's first slot in this layer
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                tail = t[:, :, start:].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
-                t[:, :, start:] = tail
+                tail = t[:, :, first:].gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+                t[:, :, first:] = tail
         keep = torch.arange(width, device=self.valid.device)[None, :] <= num_accepted.to(self.valid.device)[:, None]
         self.valid[:, start:] = keep & self.valid[:, start:start + 1]
         self.lengths = self.lengths + num_accepted.to(self.lengths.device)
@@ -548,17 +590,63 @@ class RaggedCache:
     def truncate(self, keep: torch.Tensor) -> None:
         """Keep only the first ``keep[b]`` tokens of each row's sequence; later ones become holes.
 
+        A sliding-window model's sliding layers then drop the slots no later query can read (the class docstring),
+        so a later call may keep no fewer tokens than this one, less the slack (:meth:`can_truncate`).
+
         Args:
             keep: ``LongTensor[B]``, at most ``lengths``.
+
+        Raises:
+            ValueError: a row would keep fewer tokens than :meth:`can_truncate` allows (its window would read keys a
+                sliding layer dropped).
         """
         keep = keep.to(self.lengths.device)
+        if not self.can_truncate(keep):
+            raise ValueError(f"cannot roll the cache back to {keep.tolist()} tokens: its sliding-window layers dropped "
+                             f"the keys of the first {self._dropped_positions().tolist()} positions, which a window of "
+                             f"{self.window} read from there; start a new RaggedCache")
         self.valid = self.valid & (self.valid.to(torch.long).cumsum(dim=1) <= keep[:, None])
         self.lengths = torch.minimum(self.lengths, keep)
         used = self.valid.any(dim=0).nonzero()
         total = int(used[-1]) + 1 if used.numel() else 0
         if total < self.valid.shape[1]:
-            crop_cache_to(self.cache, total)
+            if self.window is None:
+                crop_cache_to(self.cache, total)
+            else:  # every layer ends at the last slot: the same count off each one's tail
+                self.cache.crop(total - self.valid.shape[1])
             self.valid = self.valid[:, :total]
+        self._drop_out_of_window()
+
+    def _dropped_positions(self) -> torch.Tensor:
+        """``LongTensor[B]``: how many of each row's first positions the sliding layers dropped."""
+        return self.valid[:, :self.dropped].sum(dim=1)
+
+    def can_truncate(self, keep: torch.Tensor) -> bool:
+        """Whether :meth:`truncate` can keep ``keep`` (``LongTensor[B]``) tokens of each row: always without a
+        window or before the sliding layers dropped anything; else where every row keeps at least W - 1 positions
+        past those dropped (the keys a query at position ``keep`` reads on a sliding layer)."""
+        if not self.dropped:
+            return True
+        dropped = self._dropped_positions()
+        return bool(((dropped == 0) | (keep.to(dropped.device) >= dropped + self.window - 1)).all())
+
+    def _drop_out_of_window(self) -> None:
+        """Drop the leading slots that no query of a sliding layer reads again (the class docstring): those holding,
+        in every row, a position at most ``lengths - W - slack`` or nothing (holes, left padding). Not where the
+        cache has more layers than the config (Dory's loops add copies of its layers): which of those slide is the
+        model's own bookkeeping, so every slot stays, as before."""
+        if self.window is None or not any(self._sliding) or len(self.cache.layers) > len(self._sliding):
+            return
+        # slot s may go for row b when its valid slots up to s hold positions <= lengths - W - slack only
+        limit = self.lengths - self.window - self._slack + 1
+        count = (self.valid.to(torch.long).cumsum(dim=1) <= limit[:, None]).sum(dim=1)
+        drop = int(count.min()) - self.dropped if count.numel() else 0
+        if drop <= 0:
+            return
+        for i, layer in enumerate(self.cache.layers):
+            if i < len(self._sliding) and self._sliding[i] and _holds(layer):
+                layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+        self.dropped += drop
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only the given batch rows (drop finished ones).

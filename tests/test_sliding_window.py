@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache, MistralConfig, MistralForCausalLM
 
 import hf_spec
+import hf_spec.ragged
 from hf_spec.ragged import sliding_windows
 
 from . import conformance as C
@@ -18,6 +19,7 @@ from . import conformance as C
 from .test_medusa import random_heads
 
 PROMPT = torch.tensor([[0, 5, 9, 5, 9, 5, 3, 7, 11, 5, 9]])
+DEFAULT_SLACK = hf_spec.ragged.WINDOW_SLACK  # (the fixture at the end sets it to 0 for every test here)
 
 
 def tiny_mistral(window: int, seed: int = 0, noise: float = 0.0):
@@ -71,7 +73,8 @@ def test_window_counts_positions_not_cache_slots():
     target = tiny_mistral(4)
     ragged = RaggedCache(target.config, 2, "cpu")
     block = torch.tensor([[0, 5, 9, 3, 7, 2], [0, 5, 9, 3, 7, 2]])
-    ragged.forward(target, block)
+    ragged.forward(target, block[:, :2])  # a prompt, then a verify block
+    ragged.forward(target, block[:, 2:])
     ragged.truncate(torch.tensor([4, 6]))  # row 0: slots 4, 5 are holes; row 1 keeps all six
     ragged.valid = torch.cat([ragged.valid, torch.tensor([[True], [True]])], dim=1)
     m = ragged._masks(target, ragged.lengths[:, None])[:, 0, 0]  # [B, T]: what the new query (slot 6) sees
@@ -168,3 +171,78 @@ def test_a_sliding_window_conversation_continues_from_its_cache_on_every_archite
         assert cache.get_seq_length() == fresh.shape[1] - 1
     from_plain = spec(ids2, plain_cache)
     assert torch.equal(from_plain.sequences, fresh) and from_plain.cache is plain_cache
+
+
+@pytest.fixture(autouse=True)
+def no_slack(monkeypatch):
+    """Window layers drop every slot no query reads again (no slack past the window): the short tiny-model calls here
+    then roll back, branch into trees and hand back caches across dropped slots."""
+    monkeypatch.setattr(hf_spec.ragged, "WINDOW_SLACK", 0)
+
+
+@pytest.mark.parametrize("arch", [a for a in SLIDING if a.name in ("Mistral (sliding window)", "Gemma 3")],
+                         ids=lambda a: a.name)
+def test_window_layers_hold_their_window_and_slack_not_the_whole_sequence(arch, monkeypatch):
+    """hf-spec's own cache of a sliding-window target: after the window (and the default slack) has passed, each
+    window layer holds fewer than W + slack + twice the largest block (4) of each row's positions (in a batch, the
+    rows' holes beside them), as transformers' window layer holds W - 1, while full layers (Gemma 3's every sixth) hold
+    every slot; the output stays plain decoding's, in a batch too."""
+    monkeypatch.setattr(hf_spec.ragged, "WINDOW_SLACK", DEFAULT_SLACK)
+    target, draft = C.build(arch), C.build(arch, noise=C.DRAFT_NOISE)
+    kinds = [bool(getattr(layer, "sliding_window", None)) for layer in DynamicCache(config=target.config).layers]
+    held = []  # after each target forward: (slots, [slots each layer holds])
+
+    def spy(forward):
+        def wrapped(self, model, *args, **kwargs):
+            out = forward(self, model, *args, **kwargs)
+            if model is target:
+                held.append((self.valid.shape[1], [layer.keys.shape[-2] for layer in self.cache.layers],
+                             int(self.valid[:, self.dropped:].sum(dim=1).max())))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(hf_spec.ragged.RaggedCache, "forward", spy(hf_spec.ragged.RaggedCache.forward))
+    new = 90  # the prompt (11) + 90 tokens pass W + slack + block (8 + 64 + 4)
+    for inputs in (dict(input_ids=PROMPT), dict(input_ids=BATCH[:2], attention_mask=BATCH_MASK[:2])):
+        held.clear()
+        ref = target.generate(**inputs, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+        out = target.generate(**inputs, max_new_tokens=new, do_sample=False, min_new_tokens=new,
+                              custom_generate=hf_spec.generate, drafter=hf_spec.DraftModelDrafter(draft, 3))
+        assert torch.equal(out, ref)
+        slots, layers, positions = held[-1]
+        assert slots > C.WINDOW + DEFAULT_SLACK + 2 * 4 and positions < C.WINDOW + DEFAULT_SLACK + 2 * 4
+        for sliding, n in zip(kinds, layers):
+            assert n < slots - C.WINDOW if sliding else n == slots, (slots, layers)
+        if inputs["input_ids"].shape[0] == 1:  # one row: no holes, its slots are its positions
+            assert min(layers) == positions
+
+
+def test_a_carried_draft_cache_that_cannot_roll_back_past_its_dropped_slots_is_rebuilt():
+    """A sliding-window draft's cache dropped the slots past its window: a later sequence that shares only an
+    earlier prefix with it (a caller's conversation changed within the last window) cannot reuse it, so the draft
+    is fed the whole sequence again, and drafts what a fresh drafter drafts."""
+    from transformers import GenerationConfig
+
+    draft = tiny_mistral(8, noise=0.02)
+    config = GenerationConfig(do_sample=False, max_length=200)
+    drafter = hf_spec.DraftModelDrafter(draft, 3).start(draft, PROMPT, config)
+    fed = []
+    hook = draft.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        seq = torch.arange(40) % 29 + 2
+        drafter.draft([seq], 3)
+        drafter.draft([torch.cat([seq, torch.tensor([5])])], 3)  # the truncate here drops slots past the window
+        assert drafter._ragged.dropped > 0
+        with pytest.raises(ValueError, match="dropped the keys of the first"):
+            drafter._ragged.truncate(torch.tensor([5]))
+        changed = torch.cat([seq[:30], torch.tensor([7, 7, 7])])  # shares 30 tokens: within the last window
+        fed.clear()
+        mine = drafter.draft([changed], 3)
+        assert fed[0] == len(changed)  # refed from the start
+        fresh = hf_spec.DraftModelDrafter(draft, 3).start(draft, PROMPT, config).draft([changed], 3)
+        assert torch.equal(mine[0], fresh[0])
+        fed.clear()
+        drafter.draft([torch.cat([changed, torch.tensor([3])])], 3)  # within the call: rolled back, not refed
+        assert fed[0] == 1  # the new token alone: a short catch-up
+    finally:
+        hook.remove()

@@ -276,13 +276,20 @@ class DraftModelDrafter(Drafter):
         prefill. The whole prompt before the first draft, ~0-1 token between two speculative steps."""
         if self._ragged is None:
             return 0.0
-        unseen = [len(s) - _common_prefix(c, s.to(self.device)) if self._fits(s) else 0  # not fed (_catch_up)
-                  for c, s in zip(self._cached, sequences)]
+        keep = self._reusable([s.to(self.device) for s in sequences])
+        unseen = [len(s) - n if self._fits(s) else 0 for n, s in zip(keep, sequences)]  # not fed (_catch_up)
         return len(unseen) * max(0, max(unseen, default=1) - 1) * self._relative_cost
 
     def _fits(self, sequence) -> bool:
         """Whether the draft reads every position of ``sequence`` (its context: :meth:`prepare`)."""
         return self._context is None or len(sequence) <= self._context
+
+    def _reusable(self, seqs) -> list[int]:
+        """How many of each row's first tokens the draft's cache serves: the longest common prefix of what it holds
+        and the row, or 0 for every row where the cache cannot roll back to that (a sliding-window draft's cache
+        resumed for a conversation whose text differs within the last window: :meth:`RaggedCache.can_truncate`)."""
+        keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
+        return keep if self._ragged.can_truncate(torch.tensor(keep, dtype=torch.long)) else [0] * len(keep)
 
     def _catch_up(self, sequences) -> tuple[list[torch.LongTensor], torch.Tensor | None]:
         """Feed the draft what it has not seen of each row (its cache rolled back to the longest prefix it shares
@@ -292,8 +299,10 @@ class DraftModelDrafter(Drafter):
         if self.generation_config is None:
             raise RuntimeError("draft() on a DraftModelDrafter not bound to a call: the loop calls start() first")
         seqs = [s.to(self.device) for s in sequences]
-        # reuse each row's cached prefix: the longest common prefix of what the cache holds and the sequence
-        keep = [_common_prefix(c, s) for c, s in zip(self._cached, seqs)]
+        keep = self._reusable(seqs)
+        if not any(keep) and any(len(c) for c in self._cached):  # a carried cache that cannot roll back this far
+            self._ragged = RaggedCache(self.draft_model.config, len(seqs), self.device, role="draft")
+            self._cached = [s[:0] for s in seqs]
         self._ragged.truncate(torch.tensor(keep, dtype=torch.long))
         fits = [self._fits(s) for s in seqs]
         if not all(fits) and not self._past_context_noted:
