@@ -266,6 +266,29 @@ def sliding_windows(cache: DynamicCache) -> set[int]:
     return {layer.sliding_window for layer in cache.layers if getattr(layer, "sliding_window", None)}
 
 
+def adds_cache_layers(config) -> bool:
+    """Whether the model adds cache layers of its own in its first forward, beyond those ``DynamicCache(config=...)``
+    builds: Dory's loops (``per_loop``: a copy of each looped layer per loop; the only such model in transformers
+    5.25)."""
+    return config.get_text_config().model_type == "dory"
+
+
+class _WindowLayer(DynamicLayer):
+    """A sliding-window layer of :class:`RaggedCache`'s own cache: a ``DynamicLayer`` (it keeps what it is given,
+    so rollbacks stay exact) that leaves the first ``drop`` slots of what it returns out of what it stores. The
+    cache sets ``drop`` for a prompt's forward only, where those slots are out of every later query's window: the
+    layer's attention reads them, then they are gone (as transformers' ``DynamicSlidingWindowLayer`` keeps its last
+    W - 1 positions)."""
+
+    drop = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.drop:
+            self.keys, self.values = keys[:, :, self.drop:], values[:, :, self.drop:]
+        return keys, values
+
+
 def can_hand_back(cache) -> bool:
     """Whether a one-row call of a sliding-window model can continue from ``cache`` and leave its tokens in it
     (:meth:`RaggedCache.hand_back`): a ``DynamicCache`` of full and window layers only (or none yet; ``DummyLayer``
@@ -287,8 +310,8 @@ class RaggedCache:
     batch's holes would shrink. So such a model gets a cache of ``DynamicLayer`` s and 4D masks built here with the
     window counted in each row's positions: a query at position p sees its row's valid slots at positions
     p - W < q <= p on sliding layers (transformers' ``sliding_window_overlay``), everything causal on full ones.
-    A sliding layer drops its oldest slots after the prompt's forward and at each :meth:`truncate` once no row can
-    read them again (no caller rolls a prompt back, nor a sequence below the last truncate): those of
+    A sliding layer drops its oldest slots in the prompt's forward (as it stores them) and at each :meth:`truncate`
+    once no row can read them again (no caller rolls a prompt back, nor a sequence below the last truncate): those of
     positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest block fed
     after the prompt), so it holds about W + slack slots however long the sequence, as transformers' own window
     layer holds W - 1 (a Gemma 3 model's five window layers of six hold 512-1,024 slots, not the whole context);
@@ -334,6 +357,7 @@ class RaggedCache:
         self._sliding: list[bool] = []
         self.dropped = 0  # leading slots the sliding layers dropped (_drop_out_of_window)
         self._slack = WINDOW_SLACK  # positions kept past the window: WINDOW_SLACK + the largest block after the prompt
+        self._adds_layers = adds_cache_layers(config)
         self.caller: DynamicCache | None = None
         self._handed = 0  # the slots the caller's cache holds (continue_from, hand_back)
         self._tree_start: int | None = None  # the first slot of the last tree forward's block (keep_path)
@@ -354,7 +378,10 @@ class RaggedCache:
             self._sliding = [bool(getattr(layer, "sliding_window", None)) for layer in reference.layers]
             if batch_size == 1 and cache is not reference and can_hand_back(cache):
                 self.caller = cache
-            cache = DynamicCache()  # DynamicLayers, created on first use: rollbacks need slots past the window
+            # layers that keep every slot they are given (rollbacks need slots past the window), window layers that
+            # can leave a prompt's oldest slots out as they store it (forward)
+            cache = DynamicCache()
+            cache.layers = [_WindowLayer() if sliding else DynamicLayer() for sliding in self._sliding]
         self.cache = cache
 
     def continue_from(self, length: int) -> None:
@@ -509,12 +536,22 @@ class RaggedCache:
             mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
             mask = self._masks(model, position_ids, within)
-        with self._attention(packed):
-            out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                        logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
+        # nothing rolls a prompt back: the slots of its own that no later query's window reads are never stored
+        # (each window layer keeps the rest as it goes, so the forward never holds every layer's whole prompt)
+        drop = self._droppable(self.lengths + block_valid.sum(dim=1)) if prompt else 0
+        window_layers = [layer for layer, sliding in zip(self.cache.layers, self._sliding)
+                         if sliding and isinstance(layer, _WindowLayer)]
+        for layer in window_layers:
+            layer.drop = drop
+        try:
+            with self._attention(packed):
+                out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                            logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
+        finally:
+            for layer in window_layers:
+                layer.drop = 0
+        self.dropped += drop
         self.lengths = self.lengths + (block_valid.sum(dim=1) if parents is None else block_valid[:, :1].sum(dim=1))
-        if prompt:  # nothing rolls a prompt back: its slots out of the window go now, not at the first truncate
-            self._drop_out_of_window()
         return out
 
     def _one_query_mask(self, model) -> bool:
@@ -630,23 +667,27 @@ class RaggedCache:
         dropped = self._dropped_positions()
         return bool(((dropped == 0) | (keep.to(dropped.device) >= dropped + self.window - 1)).all())
 
-    def _drop_out_of_window(self) -> None:
-        """Drop the leading slots that no query of a sliding layer reads again (the class docstring): those holding,
-        in every row, a position at most ``lengths - W - slack`` or nothing (holes, left padding). Not where the
-        cache has more layers than the config (Dory's loops add copies of its layers): which of those slide is the
-        model's own bookkeeping, so every slot stays, as before."""
-        if self.window is None or not any(self._sliding) or len(self.cache.layers) > len(self._sliding):
-            return
+    def _droppable(self, lengths: torch.Tensor) -> int:
+        """How many more leading slots no query of a sliding layer reads again once the rows hold ``lengths``
+        (``LongTensor[B]``) tokens (the class docstring): those holding, in every row, a position at most
+        ``lengths - W - slack`` or nothing (holes, left padding). None where the model adds cache layers of its own
+        (:func:`adds_cache_layers`: which of those slide is its own bookkeeping, so every slot stays)."""
+        if self.window is None or not any(self._sliding) or self._adds_layers or \
+                len(self.cache.layers) > len(self._sliding):
+            return 0
         # slot s may go for row b when its valid slots up to s hold positions <= lengths - W - slack only
-        limit = self.lengths - self.window - self._slack + 1
+        limit = lengths - self.window - self._slack + 1
         count = (self.valid.to(torch.long).cumsum(dim=1) <= limit[:, None]).sum(dim=1)
-        drop = int(count.min()) - self.dropped if count.numel() else 0
-        if drop <= 0:
-            return
-        for i, layer in enumerate(self.cache.layers):
-            if i < len(self._sliding) and self._sliding[i] and _holds(layer):
-                layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
-        self.dropped += drop
+        return max(0, int(count.min()) - self.dropped) if count.numel() else 0
+
+    def _drop_out_of_window(self) -> None:
+        """Drop the leading slots of the sliding layers that :meth:`_droppable` names."""
+        drop = self._droppable(self.lengths)
+        if drop:
+            for i, layer in enumerate(self.cache.layers):
+                if self._sliding[i] and _holds(layer):
+                    layer.keys, layer.values = layer.keys[:, :, drop:], layer.values[:, :, drop:]
+            self.dropped += drop
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only the given batch rows (drop finished ones).
