@@ -120,8 +120,8 @@ def check_cache_layers(config, cache, role: str = "target") -> None:
             f"states; {advice}")
 
 
-#: Positions a sliding-window layer of :class:`RaggedCache` keeps beyond its window W, besides the largest block of
-#: tokens fed after the prompt: a rollback of up to that many positions below the last :meth:`RaggedCache.truncate`
+#: Positions a sliding-window layer of :class:`RaggedCache` keeps beyond its window W, besides the largest verify
+#: block (``logits_to_keep > 1`` after cached positions; not a prompt's rest nor a draft's catch-up): a rollback of up to that many positions below the last :meth:`RaggedCache.truncate`
 #: (a drafter's cache resumed for a conversation whose text differs near its end, the caller's cache handed back
 #: at a stop inside the last step's accepted tokens) still finds every key its window reads.
 WINDOW_SLACK = 64
@@ -312,9 +312,9 @@ class RaggedCache:
     p - W < q <= p on sliding layers (transformers' ``sliding_window_overlay``), everything causal on full ones.
     A sliding layer drops its oldest slots in the prompt's forward (as it stores them) and at each :meth:`truncate`
     once no row can read them again (no caller rolls a prompt back, nor a sequence below the last truncate): those of
-    positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest block fed
-    after the prompt), so it holds about W + slack slots however long the sequence, as transformers' own window
-    layer holds W - 1 (a Gemma 3 model's five window layers of six hold 512-1,024 slots, not the whole context);
+    positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest verify block,
+    a block after cached ones whose every position's logits are kept), so it holds about W + slack slots however long
+    the sequence, as transformers' own window layer holds W - 1 (a Gemma 3 model's five window layers of six hold 512-1,024 slots, not the whole context);
     full layers keep every slot (and every layer of a model that adds cache layers of its own, as Dory's loops do).
     Exact at any length, for the ``sdpa`` and ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
 
@@ -356,7 +356,7 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self.dropped = 0  # leading slots the sliding layers dropped (_drop_out_of_window)
-        self._slack = WINDOW_SLACK  # positions kept past the window: WINDOW_SLACK + the largest block after the prompt
+        self._slack = WINDOW_SLACK  # positions kept past the window: WINDOW_SLACK + the largest verify block
         self._adds_layers = adds_cache_layers(config)
         self.caller: DynamicCache | None = None
         self._handed = 0  # the slots the caller's cache holds (continue_from, hand_back)
@@ -523,8 +523,8 @@ class RaggedCache:
             self._tree_start = self.valid.shape[1]
         position_ids = (self.lengths[:, None] + offsets).clamp(min=0)
         n, cached = block.shape[1], self.valid.shape[1] > 0
-        if cached:  # a block after the prompt: a stop inside it may hand back slots up to its start (hand_back)
-            self._slack = max(self._slack, WINDOW_SLACK + n)
+        if cached and logits_to_keep > 1:  # a verify block (every position scored): a stop inside it may hand back
+            self._slack = max(self._slack, WINDOW_SLACK + n)  # slots up to its start (hand_back); not a catch-up's
         prompt = not self._prompted
         if prompt:  # a prompt: the attention choices are measured here, not inside a timed decoding step
             measure_attention_choices(model.config, model.dtype, self.valid.device)

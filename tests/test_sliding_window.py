@@ -74,7 +74,7 @@ def test_window_counts_positions_not_cache_slots():
     ragged = RaggedCache(target.config, 2, "cpu")
     block = torch.tensor([[0, 5, 9, 3, 7, 2], [0, 5, 9, 3, 7, 2]])
     ragged.forward(target, block[:, :2])  # a prompt, then a verify block
-    ragged.forward(target, block[:, 2:])
+    ragged.forward(target, block[:, 2:], logits_to_keep=4)
     ragged.truncate(torch.tensor([4, 6]))  # row 0: slots 4, 5 are holes; row 1 keeps all six
     ragged.valid = torch.cat([ragged.valid, torch.tensor([[True], [True]])], dim=1)
     m = ragged._masks(target, ragged.lengths[:, None])[:, 0, 0]  # [B, T]: what the new query (slot 6) sees
@@ -215,6 +215,21 @@ def test_window_layers_hold_their_window_and_slack_not_the_whole_sequence(arch, 
             assert n < slots - C.WINDOW if sliding else n == slots, (slots, layers)
         if inputs["input_ids"].shape[0] == 1:  # one row: no holes, its slots are its positions
             assert min(layers) == positions
+    # a second turn continuing from the caller's cache with a long new message (the prompt's rest is no verify block:
+    # it once raised the slack by its length), the draft's cache carried over: the same bound for both
+    from hf_spec.loop import CARRIED
+    cache = DynamicCache(config=target.config)
+    drafter = hf_spec.DraftModelDrafter(draft, 3)
+    first = target.generate(PROMPT, max_new_tokens=20, do_sample=False, cache=cache, custom_generate=hf_spec.generate,
+                            drafter=drafter)
+    ids = torch.cat([first, torch.randint(2, 30, (1, 150), generator=torch.Generator().manual_seed(0))], 1)
+    held.clear()
+    out = target.generate(ids, max_new_tokens=20, do_sample=False, cache=cache, custom_generate=hf_spec.generate,
+                          drafter=drafter)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=20, do_sample=False))
+    carried = getattr(cache, CARRIED).ragged
+    for ragged_positions in (held[-1][2], int(carried.valid[:, carried.dropped:].sum())):
+        assert ragged_positions < C.WINDOW + DEFAULT_SLACK + 2 * 4
 
 
 def test_a_carried_draft_cache_that_cannot_roll_back_past_its_dropped_slots_is_rebuilt():
