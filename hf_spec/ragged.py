@@ -121,9 +121,10 @@ def check_cache_layers(config, cache, role: str = "target") -> None:
 
 
 #: Positions a sliding-window layer of :class:`RaggedCache` keeps beyond its window W, besides the largest verify
-#: block (``logits_to_keep > 1`` after cached positions; not a prompt's rest nor a draft's catch-up): a rollback of up to that many positions below the last :meth:`RaggedCache.truncate`
-#: (a drafter's cache resumed for a conversation whose text differs near its end, the caller's cache handed back
-#: at a stop inside the last step's accepted tokens) still finds every key its window reads.
+#: block (``logits_to_keep > 1`` after cached positions; not a prompt's rest nor a draft's catch-up): a rollback of
+#: up to that many positions below the last :meth:`RaggedCache.truncate` (a drafter's cache resumed for a
+#: conversation whose text differs near its end, the caller's cache handed back at a stop inside the last step's
+#: accepted tokens) still finds every key its window reads.
 WINDOW_SLACK = 64
 
 #: Attention implementations whose 4D masks :class:`RaggedCache` builds itself for sliding-window models:
@@ -314,8 +315,8 @@ class RaggedCache:
     once no row can read them again (no caller rolls a prompt back, nor a sequence below the last truncate): those of
     positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest verify block,
     a block after cached ones whose every position's logits are kept), so it holds about W + slack slots however long
-    the sequence, as transformers' own window layer holds W - 1 (a Gemma 3 model's five window layers of six hold 512-1,024 slots, not the whole context);
-    full layers keep every slot (and every layer of a model that adds cache layers of its own, as Dory's loops do).
+    the sequence, as transformers' own window layer holds W - 1 (a Gemma 3 model's five window layers of six hold
+    512-1,024 slots, not the whole context); full layers keep every slot (and every layer of a model that adds cache layers of its own, as Dory's loops do).
     Exact at any length, for the ``sdpa`` and ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
 
     Args:
@@ -434,10 +435,12 @@ class RaggedCache:
                 layer, offset = self.cache.layers[i], self._offset(i)
                 keys, values = layer.keys[:, :, max(self._handed - offset, 0):length - offset], \
                     layer.values[:, :, max(self._handed - offset, 0):length - offset]
-                missing = min(offset, length) - self._handed  # slots a sliding layer dropped (older than the caller's window
-                if missing > 0:  # keeps: WINDOW_SLACK): zeros, which its update drops at once
+                # slots a sliding layer dropped (older than the caller's window keeps: WINDOW_SLACK): zeros, which
+                missing = min(offset, length) - self._handed  # its update drops at once
+                if missing > 0:
                     keys = torch.cat([keys.new_zeros(*keys.shape[:-2], missing, keys.shape[-1]), keys], dim=-2)
-                    values = torch.cat([values.new_zeros(*values.shape[:-2], missing, values.shape[-1]), values], dim=-2)
+                    values = torch.cat([values.new_zeros(*values.shape[:-2], missing, values.shape[-1]), values],
+                                       dim=-2)
                 self.caller.update(keys, values, i)
             self._handed = length
         return True
