@@ -542,8 +542,7 @@ class RaggedCache:
         # nothing rolls a prompt back: the slots of its own that no later query's window reads are never stored
         # (each window layer keeps the rest as it goes, so the forward never holds every layer's whole prompt)
         drop = self._droppable(self.lengths + block_valid.sum(dim=1)) if prompt else 0
-        window_layers = [layer for layer, sliding in zip(self.cache.layers, self._sliding)
-                         if sliding and isinstance(layer, _WindowLayer)]
+        window_layers = [layer for layer in self.cache.layers if isinstance(layer, _WindowLayer)] if drop else []
         for layer in window_layers:
             layer.drop = drop
         try:
