@@ -126,7 +126,7 @@ def generate(
         ``logits`` when asked, ``stats``, and for one sequence ``cache``: the call's ``DynamicCache`` holding
         every token but the last, as ``generate`` leaves it (a next call given it with the whole sequence as
         ``input_ids`` continues from it, as ``generate`` does; so does one given a prefix cache a forward filled);
-        ``None`` for a batch, whose cache passed in stays empty; a sliding-window model decodes in full layers of
+        ``None`` for a batch, whose cache passed in stays empty; a sliding-window model decodes in a cache of
         its own and hands its tokens to the cache passed at the end, window layers keeping their last W - 1).
 
     Raises:

@@ -290,6 +290,14 @@ class _WindowLayer(DynamicLayer):
         return keys, values
 
 
+def _zeros_before(states: torch.Tensor, n: int) -> torch.Tensor:
+    """``states [B, heads, T, head_dim]`` after ``n`` slots of zeros (itself where ``n <= 0``): positions a window
+    layer dropped, which no query of it reads."""
+    if n <= 0:
+        return states
+    return torch.cat([states.new_zeros(*states.shape[:-2], n, states.shape[-1]), states], dim=-2)
+
+
 def can_hand_back(cache) -> bool:
     """Whether a one-row call of a sliding-window model can continue from ``cache`` and leave its tokens in it
     (:meth:`RaggedCache.hand_back`): a ``DynamicCache`` of full and window layers only (or none yet; ``DummyLayer``
@@ -316,7 +324,8 @@ class RaggedCache:
     positions at most ``lengths - W - slack`` in every row (slack: :data:`WINDOW_SLACK` plus the largest verify block,
     a block after cached ones whose every position's logits are kept), so it holds about W + slack slots however long
     the sequence, as transformers' own window layer holds W - 1 (a Gemma 3 model's five window layers of six hold
-    512-1,024 slots, not the whole context); full layers keep every slot (and every layer of a model that adds cache layers of its own, as Dory's loops do).
+    512-1,024 slots, not the whole context); full layers keep every slot (and every layer of a model that adds
+    cache layers of its own, as Dory's loops do).
     Exact at any length, for the ``sdpa`` and ``eager`` attention implementations (:data:`WINDOW_MASK_IMPLEMENTATIONS`).
 
     Args:
@@ -410,12 +419,8 @@ class RaggedCache:
             self.dropped = min((length - layer.keys.shape[-2] for i, layer in held.items() if self._sliding[i]),
                                default=0) if known else 0
             for i, layer in held.items():
-                keys, values = layer.keys, layer.values
-                pad = length - keys.shape[-2] - self._offset(i)
-                if pad:
-                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], pad, keys.shape[-1]), keys], dim=-2)
-                    values = torch.cat([values.new_zeros(*values.shape[:-2], pad, values.shape[-1]), values], dim=-2)
-                self.cache.update(keys, values, i)
+                pad = length - layer.keys.shape[-2] - self._offset(i)
+                self.cache.update(_zeros_before(layer.keys, pad), _zeros_before(layer.values, pad), i)
             self._handed = length
         self.valid = torch.ones(self.valid.shape[0], length, dtype=torch.bool, device=self.valid.device)
         self.lengths = torch.full_like(self.lengths, length)
@@ -433,15 +438,11 @@ class RaggedCache:
         if length > self._handed:
             for i in filled:
                 layer, offset = self.cache.layers[i], self._offset(i)
-                keys, values = layer.keys[:, :, max(self._handed - offset, 0):length - offset], \
-                    layer.values[:, :, max(self._handed - offset, 0):length - offset]
+                first = max(self._handed - offset, 0)
                 # slots a sliding layer dropped (older than the caller's window keeps: WINDOW_SLACK): zeros, which
                 missing = min(offset, length) - self._handed  # its update drops at once
-                if missing > 0:
-                    keys = torch.cat([keys.new_zeros(*keys.shape[:-2], missing, keys.shape[-1]), keys], dim=-2)
-                    values = torch.cat([values.new_zeros(*values.shape[:-2], missing, values.shape[-1]), values],
-                                       dim=-2)
-                self.caller.update(keys, values, i)
+                self.caller.update(_zeros_before(layer.keys[:, :, first:length - offset], missing),
+                                   _zeros_before(layer.values[:, :, first:length - offset], missing), i)
             self._handed = length
         return True
 
