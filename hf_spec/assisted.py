@@ -56,8 +56,9 @@ def enable_drafters(model):
     A different-tokenizer draft (``assistant_tokenizer=``, universal assisted decoding), a draft model with
     ``assistant_ensemble_weight`` (transformers' lossy ensemble verification; hf-spec verifies losslessly), an
     encoder-decoder target (T5, BART) with prompt lookup or an encoder-decoder assistant, a call with model inputs
-    hf-spec's loop does not feed the target (``pixel_values`` and the other inputs of multimodal models:
-    :func:`hf_spec.loop.unread_model_inputs`), and every call without an assistant, go to transformers' own
+    hf-spec's loop does not feed the target (those read at every step besides the tokens, Mllama's
+    ``cross_attention_mask``: :func:`hf_spec.loop.unread_model_inputs`; images run on hf-spec's loop), and every call
+    without an assistant, go to transformers' own
     ``generate`` unchanged; hf-spec's own settings
     (:data:`SPEC_SETTINGS`: ``drafter=``, ``num_speculative_tokens=``, ...) on such a call raise a ``ValueError``
     saying so, where transformers would name them as unused model arguments.
@@ -253,7 +254,7 @@ def generate(self, *args, **kwargs):
         if drafter is assistant and (unread := _unread_inputs(self, kwargs)):
             raise ValueError(
                 f"an hf-spec drafter as assistant_model runs on hf-spec's loop, which does not feed the target "
-                f"{', '.join(unread)} (images and other inputs a multimodal model merges in its forward): pass a draft "
+                f"{', '.join(unread)} (an input the model reads at every step besides the tokens): pass a draft "
                 "model as assistant_model or prompt_lookup_num_tokens= (transformers' own assisted generation then "
                 "runs the call), or use plain generate")
         kwargs.pop("drafter", None)

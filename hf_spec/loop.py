@@ -138,11 +138,14 @@ def generate(
             prompts for it); transformers' own assisted-generation
             settings (``prompt_lookup_num_tokens``, ``num_assistant_tokens``, ...: :data:`ASSISTED_SETTINGS`), which
             this loop does not read; ``synced_gpus=True``; ``inputs_embeds``, or model inputs the loop does not
-            feed the target (images and other multimodal inputs: :func:`unread_model_inputs`; ``token_type_ids`` are
-            fed, each new token taking its row's last prompt type as ``generate`` extends them); an empty prompt or
+            feed the target (those a model reads at every step besides the tokens: :func:`unread_model_inputs`;
+            ``token_type_ids`` are fed, each new token taking its row's last prompt type as ``generate`` extends them;
+            images and other media go into the prompt's forward: :data:`PREFILL_MODEL_INPUTS`); an image in the
+            uncached part of a conversation continued from a sliding-window model's cache; an empty prompt or
             all-padding row, a right-padded batch or a row whose mask has holes; k < 1 or above what the drafter can
             propose; a streamer with batch size > 1; a cache that cannot be cropped, or a filled cache with a batch,
-            a sliding-window model, a multimodal-RoPE model holding an image's position deltas, left padding, or as
+            a multimodal-RoPE model holding an image's position deltas without ``generate``'s positions (a direct
+            :func:`speculative_decode` call), left padding, or as
             many tokens as ``input_ids`` (it must hold their first tokens); a draft tree on a model that cannot
             place sibling nodes at one position (ALiBi: Bloom, MPT, Falcon with ``alibi=True``; no ``position_ids``;
             an attention implementation without 4D masks), or a batch on a model that places keys by cache slot
@@ -185,14 +188,12 @@ def generate(
             "(the tokenized prompt) instead")
     # (an encoder-decoder target's encoder_outputs: refused below as such a target)
     if not model.config.is_encoder_decoder and (unread := unread_model_inputs(model_kwargs)):
-        # generate encodes pixel_values into mm_encoder_outputs before a custom loop sees them: named as the caller's
-        names = [n if n != "mm_encoder_outputs" else "the images generate encoded (pixel_values)" for n in unread]
         raise ValueError(
-            f"hf-spec's loop feeds the target token ids (with their attention_mask and token_type_ids) and would drop "
-            f"{', '.join(names)}, which changes what the target computes (images, audio and other inputs the model "
-            "merges in its forward): decode such a call with plain generate, or call hf_spec.enable_drafters(model) "
-            "and pass assistant_model=<a draft model> or prompt_lookup_num_tokens= without custom_generate (it hands "
-            "such a call to transformers' own assisted generation)")
+            f"hf-spec's loop feeds the target token ids (with their attention_mask and token_type_ids, and images and "
+            f"other media to the prompt's forward) and would drop {', '.join(unread)}, which the model reads at every "
+            "step: decode such a call with plain generate, or call hf_spec.enable_drafters(model) and pass "
+            "assistant_model=<a draft model> or prompt_lookup_num_tokens= without custom_generate (it hands such a "
+            "call to transformers' own assisted generation)")
     if streamer is None and caller is not None:
         streamer = caller.get("streamer")
     with ending_streamer(streamer), ending_streamer(spec_streamer):
@@ -225,6 +226,8 @@ def generate(
         num_tree_nodes=num_tree_nodes,
         cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),  # the latter before transformers 5.24
         token_type_ids=model_kwargs.get("token_type_ids"),
+        media=media_inputs(model_kwargs),
+        position_ids=model_kwargs.get("position_ids"),
         streamer=streamer,
         event_listeners=event_listeners,
     )
@@ -232,25 +235,49 @@ def generate(
 
 
 #: the model inputs ``generate`` hands a ``custom_generate`` callable that this loop reads or may leave: the loop
-#: builds each forward's ``position_ids`` and ``logits_to_keep`` itself, as plain decoding does from the mask
+#: builds each forward's ``position_ids`` and ``logits_to_keep`` itself, as plain decoding does from the mask (it
+#: follows ``generate``'s multimodal RoPE positions, ``[3 or 4, B, L]``, where it hands those)
 READ_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "cache", "past_key_values", "use_cache",
                      "position_ids", "logits_to_keep", "output_attentions", "output_hidden_states", "cache_position")
 
+try:  # transformers' own list of the inputs its prepare_inputs_for_generation feeds the prefill only
+    from transformers.generation.utils import MULTIMODAL_INPUTS_TO_DROP_OUTSIDE_PREFILL as _MEDIA_INPUTS
+except ImportError:  # an older transformers: the inputs of the images generate encodes first
+    _MEDIA_INPUTS = ("mm_encoder_outputs", "pixel_values", "pixel_values_videos", "image_sizes",
+                     "pixel_attention_mask")
+
+#: the model inputs that this loop feeds the target's prompt forward only, as ``generate`` feeds its prefill: images
+#: and other media (raw or encoded into ``mm_encoder_outputs``; transformers' list of them), the grids that place
+#: them, and ``mm_token_type_ids`` (which token is an image's: the new tokens are text, zeros, which a model given
+#: ``position_ids`` and a mask reads as nothing). The prompt's forward then runs on the model's own masks
+#: (:meth:`~hf_spec.ragged.RaggedCache.forward`'s ``model_masks``: an image's bidirectional attention).
+PREFILL_MODEL_INPUTS = tuple(_MEDIA_INPUTS) + ("image_grid_thw", "video_grid_thw", "second_per_grid_ts",
+                                               "mm_token_type_ids")
+
+
+def _given(name: str, value) -> bool:
+    """Whether a model input has anything to feed: not ``None``, not an empty dict (``generate`` hands a multimodal
+    model's text-only call ``mm_encoder_outputs={}``), not a token-type tensor of zeros only (a multimodal
+    processor's ``mm_token_type_ids`` for a text-only prompt: no token is an image's)."""
+    if isinstance(value, dict):
+        return any(v is not None for v in value.values())
+    if name.endswith("token_type_ids") and isinstance(value, torch.Tensor):
+        return bool(value.any())
+    return value is not None
+
 
 def unread_model_inputs(model_kwargs: dict) -> list[str]:
-    """The names of the model inputs in ``model_kwargs`` (given, not ``None``) that this loop does not feed the
-    target (``pixel_values``, ``input_features``, ``image_grid_thw``, ...: a multimodal model merges them in its
-    forward), sorted; ``inputs_embeds`` is refused on its own. Nothing to feed counts as none given: an empty dict
-    (``generate`` hands a multimodal model's text-only call ``mm_encoder_outputs={}``) and a token-type tensor of
-    zeros only (a multimodal processor's ``mm_token_type_ids`` for a text-only prompt: no token is an image's)."""
-    def given(name: str, value) -> bool:
-        if isinstance(value, dict):
-            return any(v is not None for v in value.values())
-        if name.endswith("token_type_ids") and isinstance(value, torch.Tensor):
-            return bool(value.any())
-        return value is not None
+    """The names of the model inputs in ``model_kwargs`` (given: :func:`_given`) that this loop does not feed the
+    target, sorted: those a model reads at every step besides the tokens (Mllama's ``cross_attention_mask``, ...).
+    Images and other media are fed to the prompt's forward (:data:`PREFILL_MODEL_INPUTS`); ``inputs_embeds`` is
+    refused on its own."""
+    return sorted(k for k, v in model_kwargs.items()
+                  if k not in READ_MODEL_INPUTS + PREFILL_MODEL_INPUTS + ("inputs_embeds",) and _given(k, v))
 
-    return sorted(k for k, v in model_kwargs.items() if k not in READ_MODEL_INPUTS + ("inputs_embeds",) and given(k, v))
+
+def media_inputs(model_kwargs: dict) -> dict:
+    """The :data:`PREFILL_MODEL_INPUTS` in ``model_kwargs`` that have anything to feed (:func:`_given`)."""
+    return {k: v for k, v in model_kwargs.items() if k in PREFILL_MODEL_INPUTS and _given(k, v)}
 
 
 def _calling_generate() -> dict | None:
@@ -385,13 +412,14 @@ def _validate(model, input_ids, drafter, generation_config, cache, logits_proces
         check_cache_layers(model.config, cache)  # before anything asks a linear-attention cache for its length
 
 
-def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[int]) -> int:
+def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[int], rope_rows: bool = False) -> int:
     """How many of the prompt's first tokens ``cache`` already holds (0 for none): ``generate``'s continuation from a
     cache it returned or a prefix a forward filled (multi-turn prompt caching), whose prefill runs over the rest.
 
     Raises:
         ValueError: a filled cache with a batch (it decodes in a per-row cache of its own), left padding, a
-            multimodal-RoPE model holding an image's position deltas, or as many tokens as ``input_ids``.
+            multimodal-RoPE model holding an image's position deltas without ``generate``'s positions (``rope_rows``
+            False: they carry the deltas), or as many tokens as ``input_ids``.
     """
     cached = cache.get_seq_length() if cache is not None else 0
     if not cached:
@@ -408,8 +436,8 @@ def _continued_length(model, cache, input_ids: torch.LongTensor, pad_len: list[i
     if pad_len[0]:
         raise ValueError("continuing from a filled cache takes a prompt without padding: drop the left padding "
                          "from input_ids and attention_mask")
-    if any(isinstance(getattr(m, "rope_deltas", None), torch.Tensor) and bool(m.rope_deltas.any())
-           for m in model.modules()):
+    if not rope_rows and any(isinstance(getattr(m, "rope_deltas", None), torch.Tensor) and bool(m.rope_deltas.any())
+                             for m in model.modules()):
         # multimodal RoPE (Qwen2-VL and its kin): an image in the cached turns takes fewer positions than tokens, and
         # generate offsets every later position by the deltas the model stored when it encoded it (none, or zeros,
         # after text only: positions then follow the cache, as here)
@@ -494,6 +522,9 @@ def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | No
     does) and ends it, on an error too, so a ``TextIteratorStreamer`` consumer never waits forever.
     With ``generation_config.return_dict_in_generate`` and ``output_scores`` / ``output_logits``, the output
     carries one ``[B, V]`` float32 tensor per generated position (see :func:`_per_token`).
+    ``media=`` (a dict of :data:`PREFILL_MODEL_INPUTS`: images, encoded or not) goes into the prompt's forward only;
+    ``position_ids=`` (``generate``'s ``[R, B, L]`` multimodal RoPE positions) places the prompt and, offset as its
+    last token's, every later token; :func:`generate` hands both on from ``generate``.
     """
     with ending_streamer(streamer), contextlib.ExitStack() as call:
         out = _speculative_decode(model, input_ids, drafter, streamer=streamer, call=call, **kwargs)
@@ -516,6 +547,8 @@ def _speculative_decode(
     num_tree_nodes: int | str | TreeSize | None = None,
     cache: DynamicCache | None = None,
     token_type_ids: torch.LongTensor | None = None,
+    media: dict | None = None,
+    position_ids: torch.LongTensor | None = None,
     streamer=None,
     event_listeners: Iterable[EventListener] | None = None,
     generator: torch.Generator | None = None,
@@ -550,7 +583,11 @@ def _speculative_decode(
     device = model.device
     input_ids = input_ids.to(device, torch.long)  # generate's output is int64 whatever the prompt's integer dtype
     pad_len = _left_padding(attention_mask, input_ids)
-    cached = _continued_length(model, cache, input_ids, pad_len)  # before any drafter work
+    # multimodal RoPE (Qwen2-VL and its kin): generate hands position_ids [R, B, L] placing the tokens after an image
+    # at their positions plus the image's deltas; each row's later tokens keep its last token's offset, as generate
+    # extends them (one more per token)
+    rope_rows = position_ids is not None and position_ids.dim() == 3 and position_ids.shape[1:] == input_ids.shape
+    cached = _continued_length(model, cache, input_ids, pad_len, rope_rows)  # before any drafter work
     # token types as generate extends them: each new token takes its row's last prompt type (GPT-2 and BERT-style
     # embeddings read them at every position; a multimodal processor's all-text zeros change nothing)
     if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
@@ -747,6 +784,10 @@ def _speculative_decode(
     # different counts (holes) and leave when done, a layout no later forward can read, so a batch decodes in a
     # cache of its own and the caller's stays empty: a later call given it recomputes the prompt (exact)
     ragged = RaggedCache(model.config, bsz, device, cache if bsz == 1 else None)
+    if rope_rows:
+        own_last = torch.tensor([input_ids.shape[1] - 1 - pad for pad in pad_len], device=device)
+        offset = position_ids[:, :, -1].to(device) - own_last[None]
+        ragged.position_offset = offset if bool(offset.any()) else None
     if cache is not None and getattr(cache, "offloading", False) and ragged.cache is not cache:
         own = ("a batch in a per-row cache of its own" if bsz > 1 else "a sliding-window model in a cache of its own "
                "whose window layers keep positions past the window (rejected drafts roll back exactly)")
@@ -761,9 +802,13 @@ def _speculative_decode(
     if fills and session is not None and session.resume(getattr(cache, CARRIED, None)):  # an earlier call's draft
         vars(cache).pop(CARRIED, None)  # cache, taken off the cache object: a call that fails half-way leaves none
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
+    # token types are the tokens' own: the rest of a continued prompt's, as generate slices them
+    media = {k: v[:, cached:] if k.endswith("token_type_ids") else v for k, v in (media or {}).items()}
+    if ragged.position_offset is not None:  # the prompt's positions as generate made them (an image's are its own)
+        media = {**media, "positions": position_ids[..., cached:].to(device)}
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
-                         **types)
+                         **types, **media, model_masks=bool(media))
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()

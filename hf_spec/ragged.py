@@ -366,6 +366,10 @@ class RaggedCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self._sliding: list[bool] = []
         self.dropped = 0  # leading slots the sliding layers dropped (_drop_out_of_window)
+        #: ``LongTensor[R, B]`` or ``None``: what the model's ``position_ids`` add to each row's positions (counted
+        #: over its valid slots), in R rows: multimodal RoPE (Qwen2-VL and its kin) places the tokens after an image
+        #: at positions offset by the image's deltas, in 3 (or 4) rows of ``position_ids``
+        self.position_offset = None
         self._slack = WINDOW_SLACK  # positions kept past the window: WINDOW_SLACK + the largest verify block
         self._adds_layers = adds_cache_layers(config)
         self.caller: DynamicCache | None = None
@@ -493,7 +497,8 @@ class RaggedCache:
         return masks["sliding_attention"] if all(self._sliding) else masks
 
     def forward(self, model, block: torch.LongTensor, block_valid: torch.Tensor | None = None, logits_to_keep: int = 1,
-                parents: torch.Tensor | None = None, **model_kwargs):
+                parents: torch.Tensor | None = None, positions: torch.Tensor | None = None, model_masks: bool = False,
+                **model_kwargs):
         """Run ``model`` over a block of new tokens appended to every row, and keep them in the cache.
 
         Args:
@@ -507,6 +512,12 @@ class RaggedCache:
                 Each node then sees the prefix, the root and its ancestors only (a tree attention mask, as in
                 SpecInfer and Medusa), at the position of its depth; after acceptance :meth:`keep_path` keeps the
                 accepted path. ``None``: a chain (each token sees the ones before it).
+            positions: the ``position_ids`` the model gets for this block, in place of the ones counted from the
+                cache (each row's next positions, plus :attr:`position_offset`): the prompt's as ``generate`` made them
+                (multimodal RoPE: ``[3 or 4, B, n]``).
+            model_masks: pass the model the 2D mask, from which it builds its attention masks itself, as in
+                ``generate``'s prefill (an image's bidirectional attention, Gemma 3's, comes from the model's own
+                masks and its ``token_type_ids``); only for a block that leaves no holes (a prompt).
             **model_kwargs: passed to ``model`` (e.g. ``output_hidden_states``).
 
         Returns:
@@ -519,6 +530,11 @@ class RaggedCache:
         if block_valid is None:
             block_valid = torch.ones_like(block, dtype=torch.bool)
         block_valid = block_valid.to(self.valid.device)
+        if model_masks and (self.dropped or parents is not None or not bool(self.valid.all())):
+            raise ValueError(
+                "images and other media go into a prompt's forward, on the model's own attention masks, which a cache "
+                "with holes or with sliding-window layers that dropped slots cannot take (a conversation continued "
+                "from a sliding-window model's cache): pass the whole conversation as input_ids without a cache")
         within = None
         if parents is None:
             offsets = block_valid.to(torch.long).cumsum(dim=1) - 1
@@ -534,8 +550,8 @@ class RaggedCache:
             measure_attention_choices(model.config, model.dtype, self.valid.device)
             self._prompted = True
         self.valid = torch.cat([self.valid, block_valid], dim=1)
-        packed = cached and not self._mask_2d_only and self._packed_attention(model, n)
-        if self.window is None and within is None and not packed and \
+        packed = not model_masks and cached and not self._mask_2d_only and self._packed_attention(model, n)
+        if model_masks or self.window is None and within is None and not packed and \
                 not (n == 1 and not self._mask_2d_only and self._one_query_mask(model)):
             mask = self.valid.to(torch.long)  # transformers builds the causal mask from the 2D one
         else:
@@ -548,7 +564,10 @@ class RaggedCache:
             layer.drop = drop
         try:
             with self._attention(packed):
-                out = model(input_ids=block, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                if positions is None and self.position_offset is not None:  # multimodal RoPE after an image
+                    positions = position_ids[None] + self.position_offset[:, :, None]
+                out = model(input_ids=block, attention_mask=mask,
+                            position_ids=position_ids if positions is None else positions, use_cache=True,
                             logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
         finally:
             for layer in window_layers:
@@ -702,4 +721,6 @@ class RaggedCache:
         self.cache.batch_select_indices(rows)
         self.valid = self.valid[rows]
         self.lengths = self.lengths[rows]
+        if self.position_offset is not None:
+            self.position_offset = self.position_offset[:, rows]
         self.truncate(self.lengths)  # crop slots that only the dropped rows used

@@ -666,14 +666,15 @@ def test_token_type_ids_reach_every_forward_as_generate_extends_them(num_tree_no
             assert torch.equal(spec, plain), type(drafter).__name__
 
 
-def test_image_inputs_are_refused_by_the_loop_and_run_by_transformers_after_enable_drafters():
-    """A multimodal target merges its image in the forward; the loop feeds token ids only, so it had decoded as if
-    there were no image. custom_generate now refuses naming the input; enable_drafters hands the call to transformers'
-    own assisted generation, whose output is plain decoding's."""
+def test_text_calls_of_multimodal_models_run_on_the_loop():
+    """A multimodal processor gives a text-only prompt all-zero token types (Gemma 3's token_type_ids, Qwen2-VL's
+    mm_token_type_ids): no image, so the call runs on hf-spec's loop (it had been refused), through either entry point,
+    and continues from its cache. Image calls: tests/test_multimodal.py."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     torch.manual_seed(0)
-    model = Gemma3ForConditionalGeneration(Gemma3Config(
+    gemma = Gemma3ForConditionalGeneration(Gemma3Config(
         text_config=Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=64,
                                      layer_types=["sliding_attention", "full_attention"], bos_token_id=2,
@@ -681,31 +682,16 @@ def test_image_inputs_are_refused_by_the_loop_and_run_by_transformers_after_enab
         vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, image_size=28, patch_size=14),
         mm_tokens_per_image=4, image_token_index=63, boi_token_index=61, eoi_token_index=62)).eval()
-    ids = torch.tensor([[2, 61, 63, 63, 63, 63, 62, 5, 9, 5, 9, 7]])
-    image = dict(pixel_values=torch.randn(1, 3, 28, 28), token_type_ids=(ids == 63).long())
+    ids = torch.tensor([[2, 5, 9, 5, 9, 7, 11, 5, 9]])
     kw = dict(max_new_tokens=10, do_sample=False)
-    plain = model.generate(ids, **image, **kw)
-    assert not torch.equal(plain, model.generate(ids, **kw))  # the image matters here
-    with pytest.raises(ValueError, match="would drop the images generate encoded \(pixel_values\).*plain generate"):
-        model.generate(ids, **image, **kw, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3))
-    enabled = hf_spec.enable_drafters(model)
+    text = dict(token_type_ids=torch.zeros_like(ids), **kw)
+    enabled = hf_spec.enable_drafters(gemma)
     try:
-        assert torch.equal(enabled.generate(ids, **image, **kw, prompt_lookup_num_tokens=3), plain)
-        # text only, as a multimodal processor gives it (token types all 0): hf-spec's loop, plain's tokens
-        text = dict(token_type_ids=torch.zeros_like(ids), **kw)
-        assert torch.equal(enabled.generate(ids, **text, prompt_lookup_num_tokens=3), model.generate(ids, **text))
+        out = enabled.generate(ids, **text, prompt_lookup_num_tokens=3, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, gemma.generate(ids, **text)) and out.stats.num_draft_tokens > 0
     finally:
-        hf_spec.disable_drafters(model)
-
-
-def test_multimodal_rope_text_calls_run_and_a_continued_image_conversation_is_refused():
-    """Qwen2-VL's processor gives text-only prompts mm_token_type_ids of zeros: nothing to feed, so the call runs on
-    hf-spec's loop (it had been refused). Its multimodal RoPE offsets positions after an image by deltas the model
-    keeps, so continuing such a conversation from a filled cache is refused (hf-spec had decoded other tokens)."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-
-    torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+        hf_spec.disable_drafters(gemma)
+    qwen = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
         text_config=dict(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=0, eos_token_id=1,
@@ -715,28 +701,14 @@ def test_multimodal_rope_text_calls_run_and_a_continued_image_conversation_is_re
         image_token_id=30, video_token_id=31, vision_start_token_id=32, vision_end_token_id=33)).eval()
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=1)
     text = torch.tensor([[0, 7, 11, 5, 9, 5, 9, 7]])
-    plain = model.generate(text, mm_token_type_ids=torch.zeros_like(text), **kw)
-    out = model.generate(text, mm_token_type_ids=torch.zeros_like(text), custom_generate=hf_spec.generate,
-                         return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **kw)
+    plain = qwen.generate(text, mm_token_type_ids=torch.zeros_like(text), **kw)
+    out = qwen.generate(text, mm_token_type_ids=torch.zeros_like(text), custom_generate=hf_spec.generate,
+                        return_dict_in_generate=True, drafter=hf_spec.NgramDrafter(3), **kw)
     assert torch.equal(out.sequences, plain)
-    # a text-only conversation continues from its cache (no image: no position offsets)
     more = torch.cat([plain, torch.tensor([[4, 6, 8]])], 1)
-    ref = model.generate(more, cache=copy.deepcopy(out.cache), **kw)
-    assert torch.equal(model.generate(more, cache=out.cache, custom_generate=hf_spec.generate,
-                                      drafter=hf_spec.NgramDrafter(3), **kw), ref)
-    ids = torch.tensor([[0, 32] + [30] * 8 + [33, 7, 11, 5]])  # an image of 2 x 4 patches, then text
-    turn = model.generate(ids, pixel_values=torch.randn(8, 12), image_grid_thw=torch.tensor([[1, 2, 4]]),
-                          mm_token_type_ids=(ids == 30).long(), return_dict_in_generate=True, **kw)
-    with pytest.raises(ValueError, match="not supported for Qwen2VLForConditionalGeneration: its multimodal RoPE"):
-        model.generate(torch.cat([turn.sequences, torch.tensor([[4, 6, 8]])], 1), cache=turn.cache,
-                       custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(3), **kw)
-    enabled = hf_spec.enable_drafters(model)  # an hf-spec drafter as the assistant of an image call: said so
-    try:
-        with pytest.raises(ValueError, match="an hf-spec drafter as assistant_model runs on hf-spec's loop"):
-            enabled.generate(ids, pixel_values=torch.randn(8, 12), image_grid_thw=torch.tensor([[1, 2, 4]]),
-                             mm_token_type_ids=(ids == 30).long(), assistant_model=hf_spec.NgramDrafter(3), **kw)
-    finally:
-        hf_spec.disable_drafters(model)
+    ref = qwen.generate(more, cache=copy.deepcopy(out.cache), **kw)
+    assert torch.equal(qwen.generate(more, cache=out.cache, custom_generate=hf_spec.generate,
+                                     drafter=hf_spec.NgramDrafter(3), **kw), ref)
 
 
 def test_encoder_decoder_models_and_model_names_get_errors_that_say_what_to_do(tiny):
