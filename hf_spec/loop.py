@@ -804,11 +804,12 @@ def _speculative_decode(
     types = {} if token_type_ids is None else {"token_type_ids": token_type_ids[:, cached:].to(device)}
     # token types are the tokens' own: the rest of a continued prompt's, as generate slices them
     media = {k: v[:, cached:] if k.endswith("token_type_ids") else v for k, v in (media or {}).items()}
-    if ragged.position_offset is not None:  # the prompt's positions as generate made them (an image's are its own)
-        media = {**media, "positions": position_ids[..., cached:].to(device)}
+    # the prompt's positions as generate made them: an image's tokens sit at their grid's positions even where the
+    # tokens after it need no offset
+    positions = position_ids[..., cached:].to(device) if rope_rows else None
     out = ragged.forward(model, input_ids[:, cached:], input_ids.new_ones(input_ids[:, cached:].shape, dtype=torch.bool)
                          if attention_mask is None else attention_mask[:, cached:].to(device).bool(), **hidden_kwargs,
-                         **types, **media, model_masks=bool(media))
+                         **types, **media, positions=positions, model_masks=bool(media))
     row_procs = row_processors(logits_processor, bsz)  # each row's view of per-row state (row b of the batch)
     scores = process_scores(row_procs, rows, out.logits[:, -1].float())
     first = _choose(scores, do_sample, generator).tolist()

@@ -55,9 +55,11 @@ def _qwen2_vl():
         text_config=text, image_token_id=IMAGE, video_token_id=31, vision_start_token_id=32, vision_end_token_id=33,
         vision_config=dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2, spatial_merge_size=1,
                            temporal_patch_size=1, in_chans=3)))
-    # images of 2 x 4 and 4 x 4 patches: 8 and 16 tokens, whose positions take 4 and 4 (deltas -4 and -12)
-    ids = [[0, 32] + [IMAGE] * 8 + [33, 7, 11, 5, 9, 5, 9, 7], [0, 5, 32] + [IMAGE] * 16 + [33, 8, 8, 11]]
-    grids = [[1, 2, 4], [1, 4, 4]]
+    # images of 2 x 4, 4 x 4 and 1 x 4 patches: 8, 16 and 4 tokens, whose positions take 4, 4 and 4 (deltas -4, -12
+    # and 0: the tokens after the last image need no offset, its own tokens still sit at their grid's positions)
+    ids = [[0, 32] + [IMAGE] * 8 + [33, 7, 11, 5, 9, 5, 9, 7], [0, 5, 32] + [IMAGE] * 16 + [33, 8, 8, 11],
+           [0, 5, 32] + [IMAGE] * 4 + [33, 7, 11, 5, 9]]
+    grids = [[1, 2, 4], [1, 4, 4], [1, 1, 4]]
     return model, ids, grids, Qwen2Config(**{k: v for k, v in text.items() if k != "rope_scaling"})
 
 
@@ -120,6 +122,15 @@ def test_an_image_call_decodes_as_plain_generate_with_the_image(name, rows):
                              num_speculative_tokens=3, num_tree_nodes=tree)
         _check_as_plain(out, plain)
         assert out.stats.num_draft_tokens > 0
+
+
+def test_an_image_whose_tokens_after_it_need_no_position_offset_still_sits_at_its_grid_positions():
+    """Qwen2-VL with a 1 x 4 image (delta 0): the prompt's forward takes generate's 3D positions (the loop had
+    counted the image's tokens as text, as it does where no delta offsets later tokens)."""
+    model, _, inputs = _build("qwen2_vl", (2,))
+    plain = model.generate(**inputs, **KW)
+    _check_as_plain(model.generate(**inputs, **KW, custom_generate=hf_spec.generate, drafter=hf_spec.NgramDrafter(2),
+                                   num_speculative_tokens=3), plain)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
