@@ -26,6 +26,7 @@ Environment:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import importlib.util
 import os
@@ -177,7 +178,7 @@ def check_name(name: str) -> None:
     if resolve_name(name) is None and not Path(name).expanduser().exists() and not _is_hub_id(name):
         raise UnknownModelError(
             f"unknown model {name!r}: not one of the offline models ({', '.join(sorted(MODELS))}), "
-            f"not a local folder, and not a hub name of the form org/name{_original_hint(name)}"
+            f"not a local folder, and not a hub name of the form org/name{_original_hint(name)}{_close_name(name)}"
         )
 
 
@@ -226,6 +227,12 @@ def offline_build_of(name: str) -> str | None:
         if key in (m.hf_name.lower(), m.hf_name.split("/")[-1].lower()):
             return m.name
     return None
+
+
+def _close_name(name: str) -> str:
+    """``"; did you mean 'x'?"`` for the offline short name closest to a mistyped ``name`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(name.lower(), sorted(MODELS), n=1, cutoff=0.8)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _original_hint(name: str) -> str:

@@ -31,8 +31,12 @@ def test_resolve_names():
 
 
 def test_unknown_model_name_is_a_clear_error(tmp_path):
-    with pytest.raises(hf_spec.UnknownModelError, match="unknown model 'no-such-model'.*smollm2-135m"):
+    with pytest.raises(hf_spec.UnknownModelError, match="unknown model 'no-such-model'.*smollm2-135m") as err:
         hf_spec.load("no-such-model")
+    assert "did you mean" not in str(err.value)
+    # a typo of an offline name is told the name it is close to
+    with pytest.raises(hf_spec.UnknownModelError, match="did you mean 'smollm2-135m'"):
+        hf_spec.load("smolm2-135m")
     # a file is no model (transformers said "not a valid JSON file", as a failure while running)
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"\0" * 8)

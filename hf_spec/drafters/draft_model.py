@@ -168,7 +168,10 @@ class DraftModelDrafter(Drafter):
             raise VocabularyMismatchError(
                 f"the draft tokenizer ({getattr(draft_tokenizer, 'name_or_path', '?')}, {len(draft_tokenizer)} tokens) "
                 f"differs from the target tokenizer ({getattr(tokenizer, 'name_or_path', '?')}, {len(tokenizer)} tokens); "
-                "a draft model must use the target's tokenizer"
+                "a draft model must use the target's tokenizer: pick a draft of the target's family, draft without "
+                "a model (the suffix or ngram drafter), or let transformers' universal assisted decoding take another "
+                "tokenizer's draft (generate(..., assistant_model=draft, tokenizer=..., assistant_tokenizer=...), "
+                "which hf_spec.enable_drafters leaves to transformers)"
             )
         self._same_tokenizer = tokenizer is not None and draft_tokenizer is not None
         self._ragged: RaggedCache | None = None
