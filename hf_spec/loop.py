@@ -248,11 +248,12 @@ except ImportError:  # an older transformers: the inputs of the images generate 
 
 #: the model inputs that this loop feeds the target's prompt forward only, as ``generate`` feeds its prefill: images
 #: and other media (raw or encoded into ``mm_encoder_outputs``; transformers' list of them), the grids that place
-#: them, and ``mm_token_type_ids`` (which token is an image's: the new tokens are text, zeros, which a model given
+#: them or mask them (Qwen2-Audio's ``feature_attention_mask``, read with its ``input_features`` only), and
+#: ``mm_token_type_ids`` (which token is an image's: the new tokens are text, zeros, which a model given
 #: ``position_ids`` and a mask reads as nothing). The prompt's forward then runs on the model's own masks
 #: (:meth:`~hf_spec.ragged.RaggedCache.forward`'s ``model_masks``: an image's bidirectional attention).
 PREFILL_MODEL_INPUTS = tuple(_MEDIA_INPUTS) + ("image_grid_thw", "video_grid_thw", "second_per_grid_ts",
-                                               "mm_token_type_ids")
+                                               "feature_attention_mask", "mm_token_type_ids")
 
 
 def _given(name: str, value) -> bool:

@@ -174,3 +174,29 @@ def test_inputs_read_at_every_step_are_refused_and_media_are_not():
                  image_grid_thw=torch.ones(1, 3), mm_token_type_ids=torch.ones(1, 2, dtype=torch.long))
     assert unread_model_inputs(media) == []
     assert unread_model_inputs({**media, "cross_attention_mask": torch.ones(1, 2)}) == ["cross_attention_mask"]
+
+
+def test_audio_goes_into_the_prompt_forward_with_its_feature_mask():
+    """Qwen2-Audio reads its feature_attention_mask with its input_features only, in the prompt's forward: a left-padded
+    batch whose second clip is shorter (masked) decodes as plain generate (the mask had been refused as an input read
+    at every step)."""
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2Config
+
+    torch.manual_seed(0)
+    text = Qwen2Config(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, bos_token_id=0, eos_token_id=None, pad_token_id=1)
+    model = Qwen2AudioForConditionalGeneration(Qwen2AudioConfig(
+        text_config=text.to_dict(), audio_token_index=IMAGE,
+        audio_config=dict(num_mel_bins=16, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+                          max_source_positions=16))).eval()
+    features, mask = torch.randn(2, 16, 32), torch.ones(2, 32, dtype=torch.long)
+    features[1, :, 24:], mask[1, 24:] = 0, 0  # 32 frames pooled to 8 audio tokens, 24 to 6
+    prompts = [[0, 5, 31] + [IMAGE] * 8 + [32, 7, 8, 9, 10, 5, 6, 7], [0, 9, 7, 31] + [IMAGE] * 6 + [32, 8, 11, 5]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])
+    inputs = dict(input_ids=ids, attention_mask=(ids != 1).long(), input_features=features,
+                  feature_attention_mask=mask)
+    plain = model.generate(**inputs, **KW)
+    for drafter, tree in ((hf_spec.NgramDrafter(2), None), (hf_spec.SuffixDrafter(), 5)):
+        _check_as_plain(model.generate(**inputs, **KW, custom_generate=hf_spec.generate, drafter=drafter,
+                                       num_speculative_tokens=3, num_tree_nodes=tree), plain)
