@@ -253,6 +253,9 @@ def _stats_markdown(stats: SpecStats, plain: dict | None = None, load: dict | No
         warning = contention_warning(seconds_to_shares(figures))
         if warning:
             lines.append(f"**Warning**: {warning}\n")
+    if plain and plain.get("difference") is not None:  # a greedy run compared token by token
+        same = "yes" if not plain["difference"] else "no, " + plain["difference"]
+        lines.append(f"**Identical to plain decoding**: {same}\n")
     lines += ["| measure | value |", "|---|---|",
               f"| new tokens | {stats.num_emitted_tokens} |",
               f"| acceptance rate | {stats.acceptance_rate:.1%} |",
@@ -268,6 +271,23 @@ def _stats_markdown(stats: SpecStats, plain: dict | None = None, load: dict | No
         state = "cached" if plain.get("cached") else "measured" if plain.get("done") else "running"
         lines.append(f"| plain decoding ({state}) | {plain['tokens']} tokens, {plain['tokens_per_s']:.2f} tokens/s |")
     return "\n".join(lines)
+
+
+def _difference(models: "DemoModels", prompt: torch.Tensor, plain_ids: list[int], speculative_ids: list[int]) -> str:
+    """For a greedy run: ``""`` where the speculative output is plain decoding's (one a prefix of the other: a
+    stop), else where it first differs, the target's logit gap there and whether the compute's rounding explains it
+    (:mod:`hf_spec.divergence`, as ``hf-spec generate --compare`` says it; one target forward, holding
+    :attr:`DemoModels.lock`)."""
+    from .divergence import first_difference, near_tie_verdict
+
+    with models.lock:
+        diff = first_difference(models.target, models.tokenizer, prompt, torch.tensor(plain_ids),
+                                torch.tensor(speculative_ids))
+    if diff is None:
+        return ""
+    verdict = near_tie_verdict(diff["logit_gap"], models.target, models.target.dtype)
+    return (f"the outputs differ from new token {diff['new_token']} on ({diff['plain']!r} plain, "
+            f"{diff['speculative']!r} speculative; logit gap {diff['logit_gap']:.3g}): {verdict}")
 
 
 def _acceptance_plot(stats: SpecStats):
@@ -605,10 +625,10 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
                     plain["load"] = msg[2]
             elif kind == "plain_done" and plain is not None and not msg[1]:  # complete: measured
                 n = generated_length(plain_ids, models.target.generation_config.eos_token_id)
-                plain = dict(plain, tokens=n, done=True)
+                plain = dict(plain, tokens=n, done=True, ids=plain_ids[:n])
                 # kept for the next request with this prompt and these settings
                 models.plain_cache[key] = dict(tokens=n, tokens_per_s=plain["tokens_per_s"], text=plain_text,
-                                               done=True, load=plain.get("load"))
+                                               done=True, load=plain.get("load"), ids=plain_ids[:n])
                 while len(models.plain_cache) > PLAIN_CACHE_SIZE:
                     models.plain_cache.popitem(last=False)
             elif kind == "error":
@@ -626,6 +646,9 @@ def stream(models: DemoModels, prompt: str, method: str, k, temperature: float, 
             shown.append(_span("acc", rest))
         if stats.num_target_forwards != plotted:
             plot = _acceptance_plot(stats)
+        if plain and plain.get("ids") is not None and not sampling["do_sample"] and not run.stop.is_set():
+            speculative_ids = [t for event in seen for t in event.emitted[0]]
+            plain = dict(plain, difference=_difference(models, inputs["input_ids"][0], plain["ids"], speculative_ids))
         status = f"run {run.id}: " + ("stopped" if run.stop.is_set() else "finished")
         yield update()
     finally:

@@ -25,9 +25,10 @@ def tie_bound(model, dtype) -> tuple[str, float | None]:
 
 def near_tie(gap: float, model, dtype) -> bool | None:
     """Whether a first difference's logit gap (plain minus speculative) is within the rounding bound of the
-    compute; ``None`` where no bound was measured."""
+    compute, either way (a negative gap is this check's own forward scoring the speculative token higher: by more
+    than rounding, that forward disagrees with plain decoding's own); ``None`` where no bound was measured."""
     _, bound = tie_bound(model, dtype)
-    return None if bound is None else gap <= bound
+    return None if bound is None else abs(gap) <= bound
 
 
 def first_difference(model, tokenizer, prompt, plain_new, speculative_new) -> dict | None:
@@ -66,7 +67,7 @@ def near_tie_verdict(gap: float, model, dtype) -> str:
     key, bound = tie_bound(model, dtype)
     if bound is None:
         return f"no measured rounding bound for {key}; compare with --dtype float32"
-    if gap <= bound:
+    if abs(gap) <= bound:
         # the advice that can help: a float32 target's ties are as rare as they get, and a quantized target's
         # layers round alike whatever --dtype says
         hint = {"float32": "", "awq": "; AWQ-INT4 layers round in their own kernels whatever --dtype says, so such "

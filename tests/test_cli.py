@@ -343,6 +343,11 @@ def test_first_difference_names_the_position_tokens_and_logits(smol):
     assert "--dtype float32 makes" not in _near_tie_verdict(0.2, awq, torch.float32)
     assert "whatever --dtype says" in _near_tie_verdict(0.2, awq, torch.float32)
     assert "the gap is negative" in _near_tie_verdict(-0.0625, model, torch.bfloat16)  # the check's own rounding
+    # a negative gap past the bound: the check's forward disagrees with plain decoding's by more than rounding (it
+    # was called a near-tie, however large)
+    assert "not a near-tie" in _near_tie_verdict(-0.2, model, torch.float32)
+    assert hf_spec.divergence.near_tie(-0.2, model, torch.float32) is False
+    assert hf_spec.divergence.near_tie(-1e-4, model, torch.float32) is True
     assert "no measured rounding bound" in _near_tie_verdict(0.2, model, torch.float16)
 
 

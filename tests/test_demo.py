@@ -355,6 +355,14 @@ def test_plain_decoding_is_measured_once_per_prompt_and_settings():
     assert "measured earlier on this server" in again[1] and "plain decoding (cached) | 12 tokens" in again[1]
     assert again[3] == first[3] != ""  # the remembered plain text is shown again
     assert "plain decoding (measured) | 10 tokens" in other[1]
+    # a greedy run is compared token by token (float32 here: identical) ...
+    assert "**Identical to plain decoding**: yes" in first[1] and "**Identical to plain decoding**: yes" in again[1]
+    # ... and a difference is located and judged as generate --compare judges it (the plain tokens made to differ)
+    remembered = models.plain_cache[("abc abc abc", 12, 0.0, 1.0)]
+    remembered["ids"] = remembered["ids"][:3] + [(remembered["ids"][3] + 1) % 64] + remembered["ids"][4:]
+    differs = run("abc abc abc", 12)[1]
+    assert "**Identical to plain decoding**: no, the outputs differ from new token 3 on" in differs, differs
+    assert "not a near-tie" in differs
 
 
 def test_the_speedup_warns_when_other_processes_took_cpu_while_either_run_was_timed(monkeypatch):
