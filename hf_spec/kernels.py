@@ -617,9 +617,19 @@ def _thread_flag(state: threading.local, name: str, value: bool):
         setattr(state, name, previous)
 
 
+@contextlib.contextmanager
+def upcast_prefill(enabled: bool = True):
+    """Inside the block (on this thread), the linear layers :func:`install_upcast_prefill` routed compute 48 rows or
+    more in float32; outside it they are the model's own ``F.linear``, so a model that also serves as a target, or
+    is used on its own later, keeps its rounding."""
+    with _thread_flag(_STATE, "upcast", enabled):
+        yield
+
+
 def _upcast_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows >= _UPCAST_MIN_ROWS and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+    if rows >= _UPCAST_MIN_ROWS and getattr(_STATE, "upcast", False) and x.device.type == "cpu" and \
+            x.dtype in (torch.bfloat16, torch.float16):
         bias = None if module.bias is None else module.bias.float()
         return F.linear(x.float(), module.weight.float(), bias).to(x.dtype)
     return F.linear(x, module.weight, module.bias)
@@ -629,8 +639,9 @@ def install_upcast_prefill(model: torch.nn.Module) -> int:
     """For a *draft* model in bfloat16/float16 on a CPU without native bfloat16: compute linear layers over
     48 rows or more (the prompt prefill) in float32. Emulated bfloat16 GEMMs are ~3x slower than upcasting
     the weights and using float32 ones there; one-row decode steps stay in bfloat16, which halves the bytes
-    read per drafted token. Never used on targets (it changes their rounding); a draft's rounding does not
-    affect exactness, which verification guarantees. Idempotent.
+    read per drafted token. Only inside :func:`upcast_prefill` (the draft's catch-up forwards), so the model's
+    rounding is its own everywhere else: as a target (a model drafting for itself), in plain ``generate``, in
+    other threads. A draft's rounding does not affect exactness, which verification guarantees. Idempotent.
 
     Returns:
         The number of modules routed.

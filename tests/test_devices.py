@@ -149,7 +149,8 @@ def test_upcast_prefill_never_engages_off_the_cpu(monkeypatch):
         seen.clear()
         layer = torch.nn.Linear(64, 64, dtype=torch.bfloat16, device=device)
         kernels.install_upcast_prefill(layer)
-        y = layer(torch.zeros(64, 64, dtype=torch.bfloat16, device=device))  # 64 rows: a prefill
+        with kernels.upcast_prefill():
+            y = layer(torch.zeros(64, 64, dtype=torch.bfloat16, device=device))  # 64 rows: a prefill
         assert seen == [expected] and y.dtype == torch.bfloat16
 
 

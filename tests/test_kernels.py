@@ -6,7 +6,7 @@ import torch
 from hf_spec import kernels
 from hf_spec.kernels import (draft_kind, install_upcast_prefill, install_verify_linear, is_int4_draft, is_int8_draft,
                              measured_attention, measured_forms, one_query_mask_pays, quantize_draft_int4,
-                             quantize_draft_int8, verify_linear)
+                             quantize_draft_int8, upcast_prefill, verify_linear)
 
 from .conftest import tiny_llama
 
@@ -109,15 +109,27 @@ def test_model_outputs_agree_inside_and_outside():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_upcast_prefill_only_for_many_rows():
-    lin = torch.nn.Linear(32, 8).to(torch.bfloat16)
-    x_small, x_big = torch.randn(4, 32).to(torch.bfloat16), torch.randn(64, 32).to(torch.bfloat16)
-    ref_small = lin(x_small)
+def test_upcast_prefill_only_for_many_rows_and_only_inside_the_draft_block():
+    """Routed layers upcast 48 rows or more inside upcast_prefill (the draft's catch-up); outside it, in this
+    thread or another, they are the model's own F.linear: a model that served as a draft had kept the float32 path
+    for good (its plain generate, or its own target role when drafting for itself, rounded otherwise)."""
+    import threading
+
+    lin = torch.nn.Linear(1024, 64).to(torch.bfloat16)
+    x_small, x_big = torch.randn(4, 1024).to(torch.bfloat16), torch.randn(64, 1024).to(torch.bfloat16)
+    ref_small, ref_big = lin(x_small), lin(x_big)
     install_upcast_prefill(torch.nn.Sequential(lin))
-    assert torch.equal(lin(x_small), ref_small)
     exact = torch.nn.functional.linear(x_big.float(), lin.weight.float(), lin.bias.float())
-    torch.testing.assert_close(lin(x_big).float(), exact, rtol=1e-2, atol=1e-2)
-    assert lin(x_big).dtype == torch.bfloat16
+    assert not torch.equal(exact.to(torch.bfloat16), ref_big)  # the upcast rounds otherwise here
+    with upcast_prefill():
+        assert torch.equal(lin(x_small), ref_small)
+        assert torch.equal(lin(x_big), exact.to(torch.bfloat16)) and lin(x_big).dtype == torch.bfloat16
+        other = []
+        thread = threading.Thread(target=lambda: other.append(lin(x_big)))
+        thread.start()
+        thread.join()
+        assert torch.equal(other[0], ref_big)  # another thread: the model's own
+    assert torch.equal(lin(x_big), ref_big) and torch.equal(lin(x_small), ref_small)
 
 
 def test_routed_models_still_pickle_and_deep_copy():
@@ -133,7 +145,7 @@ def test_routed_models_still_pickle_and_deep_copy():
         for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
             with torch.no_grad():
                 clone[0].weight.mul_(2)
-                with verify_linear():
+                with verify_linear(), upcast_prefill():
                     assert torch.allclose(clone(x).float(), torch.nn.functional.linear(
                         x.float(), clone[0].weight.float(), clone[0].bias.float()), rtol=2e-2, atol=2e-2)
                     assert not torch.allclose(clone(x).float(), model(x).float(), rtol=2e-2, atol=2e-2)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels import install_upcast_prefill
+from ..kernels import install_upcast_prefill, upcast_prefill
 from ..device import cpu_has_native_bf16, draft_dtype as _draft_dtype
 from ..ragged import RaggedCache
 from ..processors import process_scores, reads_sequences
@@ -325,7 +325,8 @@ class DraftModelDrafter(Drafter):
             for b, t in enumerate(new):  # right-aligned: every row's last real token is the last column
                 block[b, width - len(t):] = t
                 block_valid[b, width - len(t):] = True
-        return seqs, self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
+        with upcast_prefill():  # a prompt's rows in float32 where install_upcast_prefill routed them (prepare)
+            return seqs, self._ragged.forward(self.draft_model, block, block_valid).logits[:, -1]
 
     @torch.no_grad()
     def draft(self, sequences, k):
