@@ -526,6 +526,9 @@ def speculative_decode(model, input_ids: torch.LongTensor, drafter: Drafter | No
     ``media=`` (a dict of :data:`PREFILL_MODEL_INPUTS`: images, encoded or not) goes into the prompt's forward only;
     ``position_ids=`` (``generate``'s ``[R, B, L]`` multimodal RoPE positions) places the prompt and, offset as its
     last token's, every later token; :func:`generate` hands both on from ``generate``.
+    ``generator=`` (a ``torch.Generator`` on the target's device): every random draw of a sampled call (the target's
+    tokens, the acceptance's uniforms, the drafter's sampled tokens) comes from it, so a seeded call repeats
+    whatever else uses torch's global generator meanwhile (other threads' calls); ``None``: the global one.
     """
     with ending_streamer(streamer), contextlib.ExitStack() as call:
         out = _speculative_decode(model, input_ids, drafter, streamer=streamer, call=call, **kwargs)
@@ -599,7 +602,8 @@ def _speculative_decode(
     max_length = generation_config.max_length
     vocab_size = logit_rows(model)
     # the drafter of this call: a copy bound to it, so the caller's object never changes
-    session = drafter.start(model, input_ids, generation_config, logits_processor) if drafter is not None else None
+    session = drafter.start(model, input_ids, generation_config, logits_processor, generator) \
+        if drafter is not None else None
     user_listeners = list(event_listeners or [])
     listeners = [stats := SpecStats()] + user_listeners
     if controller is not None:

@@ -239,3 +239,20 @@ def test_num_return_sequences_are_independent_exact_samples(pair):
     assert out.shape[0] == 6 and out[:3, :3].eq(two[0]).all() and out[3:, :3].eq(two[1]).all()
     with pytest.raises(ValueError, match="num_return_sequences"):  # generate's own rule: greedy has one answer
         target.generate(PROMPT, num_return_sequences=2, **dict(run, do_sample=False))
+
+
+def test_a_call_given_a_generator_draws_every_random_number_from_it(pair):
+    """speculative_decode(generator=...): the target's samples, the acceptance's uniforms and the draft model's sampled
+    tokens all come from it, so a seeded call repeats whatever torch's global RNG does meanwhile (another thread's
+    calls); the draft's tokens had come from the global RNG."""
+    target, draft = pair
+    cfg = GenerationConfig(do_sample=True, max_length=PROMPT.shape[1] + 12)
+    stop = StoppingCriteriaList([MaxLengthCriteria(cfg.max_length)])
+    outputs = set()
+    for global_seed in range(3):
+        torch.manual_seed(global_seed)
+        out = hf_spec.speculative_decode(target, PROMPT, hf_spec.DraftModelDrafter(draft, 3),
+                                         logits_processor=processors(1.0), stopping_criteria=stop, generation_config=cfg,
+                                         generator=torch.Generator().manual_seed(7))
+        outputs.add(tuple(out.sequences[0].tolist()))
+    assert len(outputs) == 1

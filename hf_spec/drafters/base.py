@@ -284,7 +284,8 @@ class Drafter:
 
     # ---- binding to one generate call -----------------------------------------------------------
     def start(self, target, input_ids: torch.LongTensor, generation_config: GenerationConfig,
-              logits_processor: LogitsProcessorList | None = None) -> "Drafter":
+              logits_processor: LogitsProcessorList | None = None, generator: torch.Generator | None = None
+              ) -> "Drafter":
         """A copy of this drafter bound to one generate call (the loop calls it; the caller's object stays as
         it is). Shallow: objects made in ``__init__`` are shared; :meth:`prepare` sets the per-call state.
 
@@ -293,11 +294,14 @@ class Drafter:
             input_ids: ``LongTensor[B, L]``, the prompt (left-padded in a batch).
             generation_config: the call's prepared generation config (``do_sample``, ``max_length``).
             logits_processor: the call's logits processors (temperature, top-k, top-p, penalties, ...).
+            generator: the call's random generator (``speculative_decode(generator=...)``), from which
+                :meth:`choose` samples drafted tokens; ``None``: torch's global one.
 
         Raises:
             ValueError: the drafter cannot serve this target (from :meth:`prepare`).
         """
         session = copy.copy(self)
+        session.generator = generator
         session.generation_config = generation_config
         session.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         # each row's view of the processors' per-row state; rows reach draft() without their left padding
@@ -433,5 +437,7 @@ class Drafter:
         processors = self._row_processors if self._row_processors is not None else self.logits_processor
         processed = process_scores(processors, sequences, logits)
         if self.generation_config is not None and self.generation_config.do_sample:
-            return torch.multinomial(processed.softmax(dim=-1), 1).squeeze(1), processed
+            generator = getattr(self, "generator", None)  # the call's (start), on the device it samples on
+            generator = generator if generator is not None and generator.device == processed.device else None
+            return torch.multinomial(processed.softmax(dim=-1), 1, generator=generator).squeeze(1), processed
         return processed.argmax(dim=-1), processed

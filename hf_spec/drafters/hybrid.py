@@ -336,7 +336,8 @@ class HybridDrafter(Drafter):
 
     # ---- one call -------------------------------------------------------------------------------
     def prepare(self, target, input_ids) -> None:
-        self._model = self.model_drafter.start(target, input_ids, self.generation_config, self.logits_processor)
+        self._model = self.model_drafter.start(target, input_ids, self.generation_config, self.logits_processor,
+                                               getattr(self, "generator", None))
         self._suffix = self.suffix.start(target, input_ids, self.generation_config, self.logits_processor)
         self._vocab = logit_rows(target)
         # suffix drafts' counts by match-length bucket: matches in the text, and in a corpus or past outputs
