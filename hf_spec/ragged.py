@@ -560,12 +560,12 @@ class RaggedCache:
         # (each window layer keeps the rest as it goes, so the forward never holds every layer's whole prompt)
         drop = self._droppable(self.lengths + block_valid.sum(dim=1)) if prompt else 0
         window_layers = [layer for layer in self.cache.layers if isinstance(layer, _WindowLayer)] if drop else []
+        if positions is None and self.position_offset is not None:  # multimodal RoPE after an image
+            positions = position_ids[None] + self.position_offset[:, :, None]
         for layer in window_layers:
             layer.drop = drop
         try:
             with self._attention(packed):
-                if positions is None and self.position_offset is not None:  # multimodal RoPE after an image
-                    positions = position_ids[None] + self.position_offset[:, :, None]
                 out = model(input_ids=block, attention_mask=mask,
                             position_ids=position_ids if positions is None else positions, use_cache=True,
                             logits_to_keep=logits_to_keep, **{cache_kwarg(model): self.cache}, **model_kwargs)
